@@ -1,0 +1,113 @@
+// gdn/forward.h: the gated delta rule forward pass (the core op), fla-compatible semantics.
+//
+// Per token t and value head h, with state S in R^{Dk x Dv} (float32; float64 for float64
+// inputs), alpha_t = exp(g_t):
+//   u_t = beta_t * (v_t - alpha_t * S_{t-1}^T k_t)
+//   S_t = alpha_t * S_{t-1} + k_t u_t^T
+//   o_t = scale * S_t^T q_t
+// Value head h reads query/key head h / (Hv / Hk). The exact semantics, the chunked form and
+// the residuals are in docs/math.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "gdn/runtime.h"
+#include "gdn/tensor.h"
+
+namespace gdn {
+
+enum class Algorithm : std::uint8_t {
+  automatic,  // chunked; sequences shorter than the chunk size use the token recurrence
+              // unless residuals are requested
+  chunked,    // the chunked (WY) form for every sequence
+  recurrent,  // the token recurrence for every sequence (no t_inv residual)
+};
+
+struct ForwardOptions {
+  // Multiplies q (default Dk^-1/2). Must be finite.
+  std::optional<double> scale;
+  // Normalise q and k in the kernel: x / sqrt(sum(x^2) + 1e-6), per token and head.
+  bool use_qk_l2norm = false;
+  // Tokens per chunk, 1 to 256. Residuals are laid out per chunk of this size.
+  int chunk_size = 64;
+  // Worker threads; 0 = default_threads(). Results do not depend on it (bit for bit).
+  int threads = 0;
+  Algorithm algorithm = Algorithm::automatic;
+  CpuIsa isa = CpuIsa::automatic;
+};
+
+// Inputs. Two layouts, chosen by the rank of q:
+//   packed  : q, k [T, Hk, Dk]   v [T, Hv, Dv]   g, beta [T, Hv]      + optional cu_seqlens
+//   batched : q, k [B, T, Hk, Dk] v [B, T, Hv, Dv] g, beta [B, T, Hv]  (no cu_seqlens; N = B)
+// q, k, v, g, beta share one dtype: f32 or f64. Any strides.
+// cu_seqlens: int64 [N + 1], cu_seqlens[0] = 0, non-decreasing, cu_seqlens[N] = T; absent
+//   means one sequence of T tokens. Zero-length sequences are allowed: their state passes
+//   through unchanged.
+// initial_state: optional [N, Hv, Dk, Dv], the input dtype; absent means zeros.
+// Limits: Hv a multiple of Hk; 1 <= Dk, Dv <= 256; T >= 0; N >= 1.
+struct ForwardInputs {
+  TensorView q, k, v, g, beta;
+  TensorView initial_state;
+  TensorView cu_seqlens;
+};
+
+// Outputs, written by the call (the caller owns the memory; nothing is allocated for them).
+//   o            [T, Hv, Dv] (batched: [B, T, Hv, Dv]), the input dtype. Required.
+//   final_state  [N, Hv, Dk, Dv], the input dtype. Optional. May be the very same view as
+//                initial_state (same pointer, same strides): the state is updated in place.
+//   chunk_states [total_chunks, Hv, Dk, Dv], the state entering every chunk. Optional.
+//   t_inv        [total_chunks, Hv, C, C], T^-1 of every chunk; a chunk of n < C tokens fills
+//                its top-left n x n block and zeros the rest. Optional.
+// Residuals use the compute dtype: f32 for f32 inputs, f64 for f64 inputs. Chunks are
+// numbered sequence by sequence: sequence s owns chunks [first_chunk(s), first_chunk(s) +
+// ceil(len_s / C)). Outputs must not overlap each other or any input (final_state aliasing
+// initial_state exactly is the one exception). Any strides that do not overlap.
+struct ForwardOutputs {
+  MutableTensorView o;
+  MutableTensorView final_state;
+  MutableTensorView chunk_states;
+  MutableTensorView t_inv;
+};
+
+// The shapes a forward call implies, for allocating its outputs. Validates the inputs and
+// options (throws gdn::InvalidArgument like the op itself).
+struct ForwardShape {
+  std::int64_t batch = 0;         // B of the batched layout, 0 for the packed layout
+  std::int64_t tokens = 0;        // T (per sequence when batched)
+  std::int64_t num_seqs = 0;      // N
+  std::int64_t hk = 0, hv = 0, dk = 0, dv = 0;
+  std::int64_t chunk_size = 0;    // C
+  std::int64_t total_chunks = 0;  // sum over sequences of ceil(len / C)
+  DType dtype = DType::f32;       // of the inputs, o and final_state
+  DType compute_dtype = DType::f32;  // of the state, the accumulation and the residuals
+
+  int o_rank() const { return batch > 0 ? 4 : 3; }
+  Dims o_sizes() const;             // [T, Hv, Dv] or [B, T, Hv, Dv]
+  Dims state_sizes() const;         // [N, Hv, Dk, Dv]
+  Dims chunk_states_sizes() const;  // [total_chunks, Hv, Dk, Dv]
+  Dims t_inv_sizes() const;         // [total_chunks, Hv, C, C]
+};
+ForwardShape forward_shape(const ForwardInputs& inputs, const ForwardOptions& options = {});
+
+// Which residuals a forward keeps for the backward pass.
+enum class Residuals : std::uint8_t { none, all };
+
+// Bytes of the residuals kept under `residuals` for this problem.
+std::int64_t residual_bytes(const ForwardShape& shape, Residuals residuals);
+
+// The forward pass on the CPU. Validates every argument first (gdn::InvalidArgument, nothing
+// written), then writes o and whichever of final_state, chunk_states and t_inv are present.
+void chunk_gated_delta_rule_fwd(const ForwardInputs& inputs, const ForwardOutputs& outputs,
+                                const ForwardOptions& options = {});
+
+// The same, allocating its outputs (contiguous). final_state is always returned;
+// chunk_states and t_inv when `residuals` is Residuals::all.
+struct ForwardResult {
+  Tensor o, final_state, chunk_states, t_inv;
+};
+ForwardResult chunk_gated_delta_rule_fwd(const ForwardInputs& inputs,
+                                         const ForwardOptions& options = {},
+                                         Residuals residuals = Residuals::none);
+
+}  // namespace gdn

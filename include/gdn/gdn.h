@@ -1,0 +1,8 @@
+// gdn/gdn.h: the whole public API of the gdn library.
+#pragma once
+
+#include "gdn/error.h"      // IWYU pragma: export
+#include "gdn/forward.h"    // IWYU pragma: export
+#include "gdn/reference.h"  // IWYU pragma: export
+#include "gdn/runtime.h"    // IWYU pragma: export
+#include "gdn/tensor.h"     // IWYU pragma: export

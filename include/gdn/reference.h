@@ -1,0 +1,31 @@
+// gdn/reference.h: the float64 reference of the forward pass (namespace gdn::ref).
+//
+// Plain loops in float64, whatever the input dtype (inputs are converted up exactly). Same
+// arguments, layouts and validation as gdn::chunk_gated_delta_rule_fwd, except that every
+// output must be f64. `options.isa` and `options.algorithm` are ignored; `options.threads`
+// parallelises over (sequence, value head), which does not change a bit of the result.
+//
+//   recurrent_fwd: the token recurrence, the definition of the op. It can write chunk_states
+//                  (the state entering every chunk of options.chunk_size tokens) but not t_inv.
+//   chunked_fwd:   the chunked (WY) form exactly as written in docs/math.md: T, A = T^-1 by
+//                  forward substitution, U = A diag(beta) V, W = A diag(beta exp(G)) K, ...
+//                  It writes every output, residuals included.
+#pragma once
+
+#include "gdn/forward.h"
+
+namespace gdn::ref {
+
+void recurrent_fwd(const ForwardInputs& inputs, const ForwardOutputs& outputs,
+                   const ForwardOptions& options = {});
+void chunked_fwd(const ForwardInputs& inputs, const ForwardOutputs& outputs,
+                 const ForwardOptions& options = {});
+
+// Allocating variants (f64 outputs). recurrent_fwd returns chunk_states but no t_inv when
+// residuals are requested.
+ForwardResult recurrent_fwd(const ForwardInputs& inputs, const ForwardOptions& options = {},
+                            Residuals residuals = Residuals::none);
+ForwardResult chunked_fwd(const ForwardInputs& inputs, const ForwardOptions& options = {},
+                          Residuals residuals = Residuals::none);
+
+}  // namespace gdn::ref

@@ -1,0 +1,39 @@
+// gdn/runtime.h: what this build contains and which CPU code path a call will take.
+#pragma once
+
+#include <cstdint>
+
+namespace gdn {
+
+inline constexpr const char* kVersion = "0.1.0";
+
+// The instruction-set variants of the CPU kernels. Every variant compiled into the library
+// answers to the same float64 reference; results are bit-identical across thread counts for
+// one variant, not across variants (FMA contraction and vector width differ).
+enum class CpuIsa : std::uint8_t {
+  automatic,  // the best variant this CPU supports, or the one named by $GDN_CPU_ISA
+  generic,    // portable C++ with 16-byte vector extensions: runs anywhere
+  avx2,       // x86-64 AVX2 + FMA
+  avx512,     // x86-64 AVX-512 F/BW/DQ/VL
+};
+
+// "automatic", "generic", "avx2", "avx512".
+const char* cpu_isa_name(CpuIsa isa);
+
+// True when the variant is compiled into this library and this CPU can run it.
+// `automatic` is always available.
+bool cpu_isa_available(CpuIsa isa);
+
+// The variant a call with `requested` runs. `automatic` resolves to the environment variable
+// GDN_CPU_ISA when it is set (to generic, avx2 or avx512), else to the best available variant.
+// Throws gdn::RuntimeError when the requested (or environment-named) variant is unavailable.
+CpuIsa resolve_cpu_isa(CpuIsa requested);
+
+// Threads a call with `threads = 0` uses: OpenMP's default (OMP_NUM_THREADS, else all cores),
+// or 1 in a build without OpenMP.
+int default_threads();
+
+// True when the library was built with OpenMP.
+bool built_with_openmp();
+
+}  // namespace gdn

@@ -1,0 +1,69 @@
+// forward.cc: the public forward entry points: validate once, then dispatch.
+#include "gdn/forward.h"
+
+#include "api/validate.h"
+#include "cpu/forward.h"
+#include "gdn/reference.h"
+#include "reference/reference.h"
+
+namespace gdn {
+
+Dims ForwardShape::o_sizes() const {
+  if (batch > 0) return {batch, tokens, hv, dv};
+  return {tokens, hv, dv, 0};
+}
+Dims ForwardShape::state_sizes() const { return {num_seqs, hv, dk, dv}; }
+Dims ForwardShape::chunk_states_sizes() const { return {total_chunks, hv, dk, dv}; }
+Dims ForwardShape::t_inv_sizes() const { return {total_chunks, hv, chunk_size, chunk_size}; }
+
+ForwardShape forward_shape(const ForwardInputs& inputs, const ForwardOptions& options) {
+  return detail::validate_inputs(inputs, options, nullptr);
+}
+
+std::int64_t residual_bytes(const ForwardShape& shape, Residuals residuals) {
+  if (residuals == Residuals::none) return 0;
+  const auto elem = static_cast<std::int64_t>(dtype_size(shape.compute_dtype));
+  const std::int64_t per_chunk =
+      shape.hv * (shape.dk * shape.dv + shape.chunk_size * shape.chunk_size);
+  return shape.total_chunks * per_chunk * elem;
+}
+
+void chunk_gated_delta_rule_fwd(const ForwardInputs& inputs, const ForwardOutputs& outputs,
+                                const ForwardOptions& options) {
+  detail::ValidatedForward validated;
+  detail::validate_forward(inputs, outputs, options, detail::OutputPrecision::native, &validated);
+  cpu::forward(validated.problem, options.isa);
+}
+
+namespace detail {
+
+ForwardResult allocate_forward_result(const ForwardShape& shape, DType out, DType residual,
+                                      Residuals residuals, bool t_inv) {
+  ForwardResult r;
+  r.o = Tensor(out, shape.o_rank(), shape.o_sizes());
+  r.final_state = Tensor(out, 4, shape.state_sizes());
+  if (residuals == Residuals::all) {
+    r.chunk_states = Tensor(residual, 4, shape.chunk_states_sizes());
+    if (t_inv) r.t_inv = Tensor(residual, 4, shape.t_inv_sizes());
+  }
+  return r;
+}
+
+ForwardOutputs outputs_of(ForwardResult& r) {
+  return {r.o.mutable_view(), r.final_state.mutable_view(), r.chunk_states.mutable_view(),
+          r.t_inv.mutable_view()};
+}
+
+}  // namespace detail
+
+ForwardResult chunk_gated_delta_rule_fwd(const ForwardInputs& inputs,
+                                         const ForwardOptions& options, Residuals residuals) {
+  const ForwardShape shape = forward_shape(inputs, options);
+  const bool t_inv = options.algorithm != Algorithm::recurrent;
+  ForwardResult r = detail::allocate_forward_result(shape, shape.dtype, shape.compute_dtype,
+                                                    residuals, t_inv);
+  chunk_gated_delta_rule_fwd(inputs, detail::outputs_of(r), options);
+  return r;
+}
+
+}  // namespace gdn

@@ -1,0 +1,139 @@
+// tensor.cc: dtype names, view helpers and the owning Tensor.
+#include "gdn/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "gdn/error.h"
+
+namespace gdn {
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+  }
+  return "unknown";
+}
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+Dims contiguous_strides(const Dims& sizes, int rank) {
+  Dims strides{};
+  std::int64_t step = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    strides[i] = step;
+    step *= sizes[i];
+  }
+  return strides;
+}
+
+std::string shape_string(int rank, const Dims& sizes) {
+  std::string s = "[";
+  for (int i = 0; i < rank; ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(sizes[i]);
+  }
+  return s + "]";
+}
+
+template <class Pointer>
+void BasicTensorView<Pointer>::assign(std::initializer_list<std::int64_t> shape,
+                                      std::initializer_list<std::int64_t> element_strides) {
+  if (shape.size() < 1 || shape.size() > static_cast<std::size_t>(kMaxRank)) {
+    throw InvalidArgument("shape", "1 to 4 dimensions",
+                          std::to_string(shape.size()) + " dimensions");
+  }
+  if (element_strides.size() != 0 && element_strides.size() != shape.size()) {
+    throw InvalidArgument("strides", std::to_string(shape.size()) + " strides (one per dimension)",
+                          std::to_string(element_strides.size()));
+  }
+  rank = static_cast<int>(shape.size());
+  int i = 0;
+  for (std::int64_t s : shape) sizes[i++] = s;
+  if (element_strides.size() == 0) {
+    strides = contiguous_strides(sizes, rank);
+  } else {
+    i = 0;
+    for (std::int64_t s : element_strides) strides[i++] = s;
+  }
+}
+
+template struct BasicTensorView<const void*>;
+template struct BasicTensorView<void*>;
+
+InvalidArgument::InvalidArgument(std::string argument, std::string expected, std::string given)
+    : std::invalid_argument("gdn: argument '" + argument + "': expected " + expected +
+                            ", given " + given),
+      argument_(std::move(argument)),
+      expected_(std::move(expected)),
+      given_(std::move(given)) {}
+
+void Tensor::Free::operator()(std::byte* p) const { std::free(p); }
+
+Tensor::Tensor(DType dtype, std::initializer_list<std::int64_t> shape) : dtype_(dtype) {
+  if (shape.size() < 1 || shape.size() > static_cast<std::size_t>(kMaxRank)) {
+    throw InvalidArgument("shape", "1 to 4 dimensions", std::to_string(shape.size()));
+  }
+  Dims sizes{};
+  int rank = 0;
+  for (std::int64_t s : shape) sizes[rank++] = s;
+  *this = Tensor(dtype, rank, sizes);
+}
+
+Tensor::Tensor(DType dtype, int rank, const Dims& sizes) : dtype_(dtype), rank_(rank), sizes_(sizes) {
+  if (rank < 1 || rank > kMaxRank) {
+    throw InvalidArgument("rank", "1 to 4", std::to_string(rank));
+  }
+  for (int i = 0; i < rank; ++i) {
+    if (sizes[i] < 0) throw InvalidArgument("shape", "non-negative sizes", shape_string(rank, sizes));
+  }
+  // Round up to a whole cache line; at least one line so that data() is never null.
+  const std::size_t bytes = ((this->bytes() + 63) / 64 + 1) * 64;
+  void* p = std::aligned_alloc(64, bytes);
+  if (p == nullptr) throw RuntimeError("out of memory allocating " + std::to_string(bytes) + " bytes");
+  std::memset(p, 0, bytes);
+  storage_.reset(static_cast<std::byte*>(p));
+}
+
+std::int64_t Tensor::numel() const {
+  if (rank_ == 0) return 0;
+  std::int64_t n = 1;
+  for (int i = 0; i < rank_; ++i) n *= sizes_[i];
+  return n;
+}
+
+void Tensor::check_type(DType requested) const {
+  if (requested != dtype_) {
+    throw InvalidArgument("Tensor::data<T>", std::string("T matching the tensor dtype ") + dtype_name(dtype_),
+                          dtype_name(requested));
+  }
+}
+
+TensorView Tensor::view() const {
+  if (!present()) return {};
+  return TensorView(raw(), dtype_, rank_, sizes_, contiguous_strides(sizes_, rank_));
+}
+
+MutableTensorView Tensor::mutable_view() {
+  if (!present()) return {};
+  return MutableTensorView(raw(), dtype_, rank_, sizes_, contiguous_strides(sizes_, rank_));
+}
+
+}  // namespace gdn

@@ -1,0 +1,415 @@
+// validate.cc: argument checks of the forward op. Every check names the argument, what was
+// expected and what was given; nothing is written before all checks have passed.
+#include "api/validate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+#include "gdn/error.h"
+
+namespace gdn::detail {
+namespace {
+
+constexpr std::int64_t kMaxHeadDim = 256;
+constexpr int kMaxChunkSize = 256;
+
+std::string dims_string(std::initializer_list<std::int64_t> dims) {
+  Dims d{};
+  int rank = 0;
+  for (std::int64_t x : dims) d[rank++] = x;
+  return shape_string(rank, d);
+}
+
+template <class View>
+std::string shape_of(const View& view) {
+  return view.present() ? shape_string(view.rank, view.sizes) : std::string("absent");
+}
+
+[[noreturn]] void fail(const std::string& argument, const std::string& expected,
+                       const std::string& given) {
+  throw InvalidArgument(argument, expected, given);
+}
+
+// Sizes non-negative and the farthest element offset representable in int64.
+template <class View>
+void check_extent(const char* name, const View& view) {
+  std::int64_t reach = 0;
+  for (int i = 0; i < view.rank; ++i) {
+    if (view.sizes[i] < 0) fail(name, "non-negative sizes", shape_of(view));
+    if (view.sizes[i] == 0) return;
+  }
+  for (int i = 0; i < view.rank; ++i) {
+    std::int64_t step = 0;
+    std::int64_t stride = view.strides[i] < 0 ? -view.strides[i] : view.strides[i];
+    if (__builtin_mul_overflow(view.sizes[i] - 1, stride, &step) ||
+        __builtin_add_overflow(reach, step, &reach)) {
+      fail(name, "element offsets that fit in int64", "sizes " + shape_of(view) + " with strides " +
+                                                         shape_string(view.rank, view.strides));
+    }
+  }
+  if (view.data == nullptr) {
+    fail(name, "a non-null data pointer for " + std::to_string(view.numel()) + " elements",
+         "null");
+  }
+}
+
+template <class View>
+void expect_dtype(const char* name, const View& view, DType expected, const std::string& why) {
+  if (view.dtype != expected) {
+    fail(name, std::string("dtype ") + dtype_name(expected) + why, dtype_name(view.dtype));
+  }
+}
+
+template <class View>
+void expect_shape(const char* name, const View& view, int rank, const Dims& sizes,
+                  const std::string& what) {
+  bool same = view.rank == rank;
+  for (int i = 0; same && i < rank; ++i) same = view.sizes[i] == sizes[i];
+  if (!same) {
+    fail(name, "shape " + what + " = " + shape_string(rank, sizes), shape_of(view));
+  }
+}
+
+// Address range [lo, hi) in bytes that a view touches (empty for zero elements).
+struct Span {
+  std::uintptr_t lo = 0, hi = 0;
+  bool empty() const { return hi <= lo; }
+  bool overlaps(const Span& other) const {
+    return !empty() && !other.empty() && lo < other.hi && other.lo < hi;
+  }
+};
+
+template <class View>
+Span span_of(const View& view) {
+  if (!view.present() || view.numel() == 0) return {};
+  std::int64_t lo = 0, hi = 0;
+  for (int i = 0; i < view.rank; ++i) {
+    std::int64_t step = (view.sizes[i] - 1) * view.strides[i];
+    (step < 0 ? lo : hi) += step;
+  }
+  auto base = reinterpret_cast<std::uintptr_t>(view.data);
+  auto elem = static_cast<std::int64_t>(dtype_size(view.dtype));
+  return {base + static_cast<std::uintptr_t>(lo * elem),
+          base + static_cast<std::uintptr_t>((hi + 1) * elem)};
+}
+
+// True when no two elements of the view share an address: sorted by |stride|, every stride
+// must step over everything the smaller dimensions span.
+template <class View>
+bool elements_distinct(const View& view) {
+  struct Dim { std::int64_t size, stride; };
+  Dim dims[kMaxRank];
+  int n = 0;
+  for (int i = 0; i < view.rank; ++i) {
+    if (view.sizes[i] == 0) return true;
+    if (view.sizes[i] > 1) {
+      dims[n++] = {view.sizes[i], view.strides[i] < 0 ? -view.strides[i] : view.strides[i]};
+    }
+  }
+  for (int i = 1; i < n; ++i) {  // insertion sort by stride (at most 4 dimensions)
+    for (int j = i; j > 0 && dims[j].stride < dims[j - 1].stride; --j) {
+      const Dim t = dims[j];
+      dims[j] = dims[j - 1];
+      dims[j - 1] = t;
+    }
+  }
+  std::int64_t spanned = 0;  // largest offset reachable with the smaller dimensions
+  for (int i = 0; i < n; ++i) {
+    if (dims[i].stride <= spanned) return false;
+    spanned += (dims[i].size - 1) * dims[i].stride;
+  }
+  return true;
+}
+
+bool same_view(const TensorView& a, const MutableTensorView& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.rank != b.rank) return false;
+  for (int i = 0; i < a.rank; ++i) {
+    if (a.sizes[i] != b.sizes[i] || a.strides[i] != b.strides[i]) return false;
+  }
+  return true;
+}
+
+// void* -> std::byte*, const void* -> const std::byte*.
+template <class Pointer>
+using BytePointer =
+    std::conditional_t<std::is_same_v<Pointer, const void*>, const std::byte*, std::byte*>;
+
+template <class Pointer>
+TokenTensor<BytePointer<Pointer>> token_tensor(const BasicTensorView<Pointer>& view, bool batched,
+                                               bool has_dim) {
+  TokenTensor<BytePointer<Pointer>> t;
+  t.data = static_cast<BytePointer<Pointer>>(view.data);
+  t.dtype = view.dtype;
+  int i = 0;
+  t.batch = batched ? view.strides[i++] : 0;
+  t.token = view.strides[i++];
+  t.head = view.strides[i++];
+  t.dim = has_dim ? view.strides[i] : 0;
+  return t;
+}
+
+template <class Pointer>
+MatrixTensor<BytePointer<Pointer>> matrix_tensor(const BasicTensorView<Pointer>& view) {
+  MatrixTensor<BytePointer<Pointer>> m;
+  if (!view.present() || view.numel() == 0) return m;
+  m.data = static_cast<BytePointer<Pointer>>(view.data);
+  m.dtype = view.dtype;
+  m.outer = view.strides[0];
+  m.head = view.strides[1];
+  m.row = view.strides[2];
+  m.col = view.strides[3];
+  return m;
+}
+
+}  // namespace
+
+ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& options,
+                             std::vector<Sequence>* sequences) {
+  const TensorView& q = in.q;
+  if (q.rank != 3 && q.rank != 4) {
+    fail("q", "rank 3 [T, Hk, Dk] or rank 4 [B, T, Hk, Dk]",
+         "rank " + std::to_string(q.rank) + " " + shape_of(q));
+  }
+  check_extent("q", q);
+  if (q.dtype != DType::f32 && q.dtype != DType::f64) {
+    fail("q", "dtype f32 or f64", dtype_name(q.dtype));
+  }
+  ForwardShape shape;
+  const bool batched = q.rank == 4;
+  const int lead = batched ? 1 : 0;  // index of the token dimension
+  shape.batch = batched ? q.sizes[0] : 0;
+  shape.tokens = q.sizes[lead];
+  shape.hk = q.sizes[lead + 1];
+  shape.dk = q.sizes[lead + 2];
+  shape.dtype = q.dtype;
+  shape.compute_dtype = q.dtype;
+  if (batched && shape.batch < 1) fail("q", "batch size B >= 1", shape_of(q));
+  if (shape.hk < 1) fail("q", "Hk >= 1 key heads", shape_of(q));
+  if (shape.dk < 1 || shape.dk > kMaxHeadDim) {
+    fail("q", "Dk in [1, 256]", "Dk = " + std::to_string(shape.dk));
+  }
+  const std::string same_dtype = " (the dtype of q)";
+
+  const Dims q_sizes = q.sizes;
+  expect_shape("k", in.k, q.rank, q_sizes, "equal to q");
+  check_extent("k", in.k);
+  expect_dtype("k", in.k, q.dtype, same_dtype);
+
+  const TensorView& v = in.v;
+  if (v.rank != q.rank) {
+    fail("v", std::string("rank ") + std::to_string(q.rank) + " (that of q): " +
+                  (batched ? "[B, T, Hv, Dv]" : "[T, Hv, Dv]"),
+         "rank " + std::to_string(v.rank) + " " + shape_of(v));
+  }
+  check_extent("v", v);
+  expect_dtype("v", v, q.dtype, same_dtype);
+  shape.hv = v.sizes[lead + 1];
+  shape.dv = v.sizes[lead + 2];
+  if ((batched && v.sizes[0] != shape.batch) || v.sizes[lead] != shape.tokens) {
+    fail("v", std::string("the leading ") + (batched ? "[B, T]" : "[T]") + " of q, " +
+                  (batched ? dims_string({shape.batch, shape.tokens}) : dims_string({shape.tokens})),
+         shape_of(v));
+  }
+  if (shape.hv < 1 || shape.hv % shape.hk != 0) {
+    fail("v", "Hv a positive multiple of Hk = " + std::to_string(shape.hk),
+         "Hv = " + std::to_string(shape.hv));
+  }
+  if (shape.dv < 1 || shape.dv > kMaxHeadDim) {
+    fail("v", "Dv in [1, 256]", "Dv = " + std::to_string(shape.dv));
+  }
+
+  Dims gate_sizes{};
+  if (batched) {
+    gate_sizes = {shape.batch, shape.tokens, shape.hv, 0};
+  } else {
+    gate_sizes = {shape.tokens, shape.hv, 0, 0};
+  }
+  const std::string gate_what = batched ? "[B, T, Hv]" : "[T, Hv]";
+  for (auto [name, view] : {std::pair<const char*, const TensorView*>{"g", &in.g},
+                            std::pair<const char*, const TensorView*>{"beta", &in.beta}}) {
+    expect_shape(name, *view, q.rank - 1, gate_sizes, gate_what);
+    check_extent(name, *view);
+    expect_dtype(name, *view, q.dtype, same_dtype);
+  }
+
+  // Sequences.
+  std::vector<Sequence> local;
+  std::vector<Sequence>& seqs = sequences ? *sequences : local;
+  seqs.clear();
+  if (options.chunk_size < 1 || options.chunk_size > kMaxChunkSize) {
+    fail("options.chunk_size", "an integer in [1, 256]", std::to_string(options.chunk_size));
+  }
+  const std::int64_t chunk = options.chunk_size;
+  auto chunks_of = [chunk](std::int64_t len) { return (len + chunk - 1) / chunk; };
+  const TensorView& cu = in.cu_seqlens;
+  if (batched) {
+    if (cu.present()) {
+      fail("cu_seqlens", "absent with batched [B, T, ...] inputs (B defines the sequences)",
+           shape_of(cu));
+    }
+    for (std::int64_t b = 0; b < shape.batch; ++b) {
+      seqs.push_back({b, 0, shape.tokens, b * chunks_of(shape.tokens)});
+    }
+  } else if (!cu.present()) {
+    seqs.push_back({0, 0, shape.tokens, 0});
+  } else {
+    if (cu.rank != 1 || cu.sizes[0] < 2) {
+      fail("cu_seqlens", "rank 1 [N + 1] with N >= 1 sequences", shape_of(cu));
+    }
+    check_extent("cu_seqlens", cu);
+    expect_dtype("cu_seqlens", cu, DType::i64, "");
+    const auto* values = static_cast<const std::int64_t*>(cu.data);
+    const std::int64_t stride = cu.strides[0];
+    const std::int64_t n = cu.sizes[0] - 1;
+    if (values[0] != 0) fail("cu_seqlens", "cu_seqlens[0] = 0", std::to_string(values[0]));
+    std::int64_t first_chunk = 0;
+    for (std::int64_t s = 0; s < n; ++s) {
+      const std::int64_t lo = values[s * stride], hi = values[(s + 1) * stride];
+      if (hi < lo) {
+        fail("cu_seqlens", "non-decreasing values",
+             "cu_seqlens[" + std::to_string(s + 1) + "] = " + std::to_string(hi) +
+                 " < cu_seqlens[" + std::to_string(s) + "] = " + std::to_string(lo));
+      }
+      if (hi > shape.tokens) {
+        fail("cu_seqlens", "values <= T = " + std::to_string(shape.tokens) + " (tokens of q)",
+             "cu_seqlens[" + std::to_string(s + 1) + "] = " + std::to_string(hi));
+      }
+      seqs.push_back({0, lo, hi - lo, first_chunk});
+      first_chunk += chunks_of(hi - lo);
+    }
+    const std::int64_t last = values[n * stride];
+    if (last != shape.tokens) {
+      fail("cu_seqlens",
+           "cu_seqlens[N] = T = " + std::to_string(shape.tokens) + " (tokens of q)",
+           "cu_seqlens[" + std::to_string(n) + "] = " + std::to_string(last));
+    }
+  }
+  shape.num_seqs = static_cast<std::int64_t>(seqs.size());
+  shape.chunk_size = chunk;
+  shape.total_chunks =
+      seqs.empty() ? 0 : seqs.back().first_chunk + chunks_of(seqs.back().length);
+
+  if (in.initial_state.present()) {
+    expect_shape("initial_state", in.initial_state, 4, shape.state_sizes(), "[N, Hv, Dk, Dv]");
+    check_extent("initial_state", in.initial_state);
+    expect_dtype("initial_state", in.initial_state, q.dtype, same_dtype);
+  }
+
+  if (options.scale && !std::isfinite(*options.scale)) {
+    std::ostringstream given;
+    given << *options.scale;
+    fail("options.scale", "a finite number", given.str());
+  }
+  if (options.threads < 0) {
+    fail("options.threads", ">= 0 (0 = all cores)", std::to_string(options.threads));
+  }
+  return shape;
+}
+
+void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
+                      const ForwardOptions& options, OutputPrecision precision,
+                      ValidatedForward* result) {
+  ForwardProblem& p = result->problem;
+  p = ForwardProblem{};
+  p.shape = validate_inputs(in, options, &result->sequences);
+  const ForwardShape& shape = p.shape;
+  const bool batched = shape.batch > 0;
+  const DType out_dtype = precision == OutputPrecision::float64 ? DType::f64 : shape.dtype;
+  const DType residual_dtype =
+      precision == OutputPrecision::float64 ? DType::f64 : shape.compute_dtype;
+  const std::string why_out =
+      precision == OutputPrecision::float64 ? " (reference outputs are float64)" : " (that of q)";
+  const std::string why_res = precision == OutputPrecision::float64
+                                  ? " (reference outputs are float64)"
+                                  : " (the compute dtype of these inputs)";
+
+  if (!out.o.present()) fail("o", "an output view " + shape_string(shape.o_rank(), shape.o_sizes()), "absent");
+  expect_shape("o", out.o, shape.o_rank(), shape.o_sizes(),
+               batched ? "[B, T, Hv, Dv]" : "[T, Hv, Dv]");
+  expect_dtype("o", out.o, out_dtype, why_out);
+  check_extent("o", out.o);
+  if (out.final_state.present()) {
+    expect_shape("final_state", out.final_state, 4, shape.state_sizes(), "[N, Hv, Dk, Dv]");
+    expect_dtype("final_state", out.final_state, out_dtype, why_out);
+    check_extent("final_state", out.final_state);
+  }
+  if (out.chunk_states.present()) {
+    expect_shape("chunk_states", out.chunk_states, 4, shape.chunk_states_sizes(),
+                 "[total_chunks, Hv, Dk, Dv]");
+    expect_dtype("chunk_states", out.chunk_states, residual_dtype, why_res);
+    check_extent("chunk_states", out.chunk_states);
+  }
+  if (out.t_inv.present()) {
+    if (options.algorithm == Algorithm::recurrent) {
+      fail("t_inv", "absent with options.algorithm = recurrent (the token recurrence forms no T^-1)",
+           shape_of(out.t_inv));
+    }
+    expect_shape("t_inv", out.t_inv, 4, shape.t_inv_sizes(), "[total_chunks, Hv, C, C]");
+    expect_dtype("t_inv", out.t_inv, residual_dtype, why_res);
+    check_extent("t_inv", out.t_inv);
+  }
+
+  // Aliasing: outputs are written while inputs are still being read.
+  const std::pair<const char*, const MutableTensorView*> outputs[] = {
+      {"o", &out.o},
+      {"final_state", &out.final_state},
+      {"chunk_states", &out.chunk_states},
+      {"t_inv", &out.t_inv}};
+  const std::pair<const char*, const TensorView*> inputs[] = {
+      {"q", &in.q},       {"k", &in.k},
+      {"v", &in.v},       {"g", &in.g},
+      {"beta", &in.beta}, {"initial_state", &in.initial_state},
+      {"cu_seqlens", &in.cu_seqlens}};
+  for (std::size_t i = 0; i < std::size(outputs); ++i) {
+    const auto& [name, view] = outputs[i];
+    if (!view->present()) continue;
+    if (!elements_distinct(*view)) {
+      fail(name, "strides that give every element its own address",
+           "sizes " + shape_of(*view) + " with strides " +
+               shape_string(view->rank, view->strides));
+    }
+    const Span span = span_of(*view);
+    for (std::size_t j = i + 1; j < std::size(outputs); ++j) {
+      if (outputs[j].second->present() && span.overlaps(span_of(*outputs[j].second))) {
+        fail(name, std::string("memory that does not overlap '") + outputs[j].first + "'",
+             "overlapping address ranges");
+      }
+    }
+    for (const auto& [input_name, input] : inputs) {
+      if (!input->present() || !span.overlaps(span_of(*input))) continue;
+      const bool in_place = view == &out.final_state && input == &in.initial_state &&
+                            same_view(*input, *view);
+      if (!in_place) {
+        fail(name,
+             std::string("memory that does not overlap the input '") + input_name + "'" +
+                 (view == &out.final_state && input == &in.initial_state
+                      ? " (or exactly the view of initial_state, for an in-place update)"
+                      : ""),
+             "overlapping address ranges");
+      }
+    }
+  }
+
+  p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(shape.dk));
+  p.l2norm = options.use_qk_l2norm;
+  p.chunk_size = options.chunk_size;
+  p.threads = options.threads;
+  p.algorithm = options.algorithm;
+  p.seqs = result->sequences.data();
+  p.q = token_tensor(in.q, batched, true);
+  p.k = token_tensor(in.k, batched, true);
+  p.v = token_tensor(in.v, batched, true);
+  p.g = token_tensor(in.g, batched, false);
+  p.beta = token_tensor(in.beta, batched, false);
+  p.initial_state = matrix_tensor(in.initial_state);
+  p.o = token_tensor(out.o, batched, true);
+  p.final_state = matrix_tensor(out.final_state);
+  p.chunk_states = matrix_tensor(out.chunk_states);
+  p.t_inv = matrix_tensor(out.t_inv);
+}
+
+}  // namespace gdn::detail

@@ -1,0 +1,40 @@
+// validate.h: the one place where the arguments of a forward call are checked.
+#pragma once
+
+#include <vector>
+
+#include "api/problem.h"
+#include "gdn/forward.h"
+
+namespace gdn::detail {
+
+// Which dtype the outputs must have.
+enum class OutputPrecision {
+  native,   // o, final_state: the input dtype; residuals: the compute dtype (the CPU backend)
+  float64,  // every output f64 (the reference)
+};
+
+// A ForwardProblem together with the storage its pointers refer to. Not copyable: the
+// problem points into `sequences`.
+class ValidatedForward {
+ public:
+  ValidatedForward() = default;
+  ValidatedForward(const ValidatedForward&) = delete;
+  ValidatedForward& operator=(const ValidatedForward&) = delete;
+
+  ForwardProblem problem;
+  std::vector<Sequence> sequences;
+};
+
+// Checks the inputs and options and returns the shape they imply (no outputs involved).
+// Fills `sequences` when it is not null.
+ForwardShape validate_inputs(const ForwardInputs& inputs, const ForwardOptions& options,
+                             std::vector<Sequence>* sequences);
+
+// Checks everything (inputs, options, outputs, aliasing) and builds the problem.
+// Throws gdn::InvalidArgument naming the first bad argument.
+void validate_forward(const ForwardInputs& inputs, const ForwardOutputs& outputs,
+                      const ForwardOptions& options, OutputPrecision precision,
+                      ValidatedForward* result);
+
+}  // namespace gdn::detail

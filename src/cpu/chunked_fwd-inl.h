@@ -1,0 +1,225 @@
+// chunked_fwd-inl.h: the chunked (WY) forward of one (sequence, value head), float32 or
+// float64, for one ISA variant. Must match gdn::ref::chunked_fwd and gdn::ref::recurrent_fwd
+// (tests/cpu/forward_test.cc); benchmark: `gdn bench`.
+//
+// Per chunk of n <= C tokens, S = state entering the chunk (docs/math.md, section 3):
+//   chunk_pack   Q = scale * q (normalised), K, V, beta, g, G = cumsum(g), e^G
+//   chunk_kkt    [Q;K] K^T, then P = (Q K^T . Gamma) incl. diagonal and
+//                L = strict_lower(diag(beta) (K K^T . Gamma)), Gamma_ij = exp(G_i - G_j), i >= j,
+//                and e^(G_last - G)
+//   solve_tril   A = (I + L)^-1 by forward substitution
+//   chunk_wy     X = [Q;K] S;  V_new = A diag(beta) (V - diag(e^G) K S)   (= U - W S)
+//   chunk_output O = diag(e^G) Q S + P V_new
+//   chunk_state  S = e^(G_last) S + K^T diag(e^(G_last - G)) V_new
+// Only differences G_i - G_j with i >= j are exponentiated (never e^G_i * e^-G_j), and a
+// short last chunk runs with its own n: nothing past the sequence is read. The differences are
+// summed directly, D_ij = g_(j+1) + ... + g_i (row i = row i-1 + g_i), not subtracted from the
+// running sum: with strong decay G reaches -1000 within a chunk, where a float32 G_i - G_j
+// would lose 1e-4 of every weight (docs/numerics.md).
+//
+// FLOPs per token and head at d = Dk = Dv, chunk C: 6 d^2 (the three products with S) +
+// about 4 C d (four triangular C x C x d products) + C^3 / 3 / C (the solve); see
+// bench/cost_model.h.
+
+template <class Real>
+struct ChunkBuffers {
+  Real* state;
+  Real* qk;
+  Real* kt;
+  Real* v;
+  Real* gram;
+  Real* a;
+  Real* x;
+  Real* vnew;
+  Real* g;
+  Real* G;
+  Real* eG;
+  Real* beta;
+  Real* decay_to_end;
+  Real* diff;
+
+  ChunkBuffers(std::byte* workspace, const ChunkedLayout& l) {
+    Real* w = reinterpret_cast<Real*>(workspace);
+    state = w + l.state;
+    qk = w + l.qk;
+    kt = w + l.kt;
+    v = w + l.v;
+    gram = w + l.gram;
+    a = w + l.a;
+    x = w + l.x;
+    vnew = w + l.vnew;
+    g = w + l.vectors;
+    G = g + l.cp;
+    eG = G + l.cp;
+    beta = eG + l.cp;
+    decay_to_end = beta + l.cp;
+    diff = decay_to_end + l.cp;
+  }
+};
+
+// Gathers the n tokens of the chunk starting at token t0: Q rows 0..n-1 (normalised and
+// scaled), K rows n..2n-1, K^T, V, beta, g, G and e^G. Padding is zero.
+template <class Real, class In>
+void chunk_pack(const detail::ForwardProblem& p, const detail::Sequence& seq, std::int64_t h,
+                std::int64_t t0, std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+  const std::int64_t dk = p.shape.dk, dv = p.shape.dv;
+  const std::int64_t hk = h / p.group();
+  const Real scale = static_cast<Real>(p.scale);
+  Real* q = b.qk;
+  Real* k = b.qk + n * l.dkp;
+  Real running = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t t = t0 + i;
+    pack_qk_row(q + i * l.dkp, token_at<In>(p.q, seq, t, hk), p.q.dim, dk, l.dkp, p.l2norm, scale);
+    pack_qk_row(k + i * l.dkp, token_at<In>(p.k, seq, t, hk), p.k.dim, dk, l.dkp, p.l2norm, static_cast<Real>(1));
+    gather_row(b.v + i * l.dvp, token_at<In>(p.v, seq, t, h), p.v.dim, dv, l.dvp);
+    b.g[i] = static_cast<Real>(*token_at<In>(p.g, seq, t, h));
+    running += b.g[i];
+    b.G[i] = running;
+    b.beta[i] = static_cast<Real>(*token_at<In>(p.beta, seq, t, h));
+  }
+  for (std::int64_t i = n; i < l.cp; ++i) b.g[i] = b.G[i] = b.beta[i] = 0;
+  exp_row(b.eG, b.G, l.cp);
+  // K^T [Dk][cp], columns past n zero, by in-register block transposes (a scalar transpose
+  // took 2.4 of the 9.7 us this stage needs at C = 64, Dk = 128, float, AVX-512).
+  constexpr int W = kLanes<Real>;
+  for (std::int64_t i0 = 0; i0 < l.cp; i0 += W) {
+    for (std::int64_t d0 = 0; d0 < l.dkp; d0 += W) {
+      Vec<Real> rows[W];
+      for (int r = 0; r < W; ++r) rows[r] = i0 + r < n ? load(k + (i0 + r) * l.dkp + d0) : Vec<Real>{};
+      transpose_block<Real>(rows);
+      for (int r = 0; r < W && d0 + r < dk; ++r) store(b.kt + (d0 + r) * l.cp + i0, rows[r]);
+    }
+  }
+}
+
+// gram = [Q;K] K^T (lower triangles only), then in place P (rows 0..n-1) and L (rows n..2n-1),
+// each a full padded row with zeros above the (strict) diagonal; then e^(G_last - G).
+template <class Real>
+void chunk_kkt(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+  constexpr int W = kLanes<Real>;
+  Real* qkt = b.gram;
+  Real* kkt = b.gram + n * l.cp;
+  gemm<Real, false>(n, l.cp, dk, b.qk, l.dkp, 1, b.kt, l.cp, qkt, l.cp, 1, kLowerC);
+  gemm<Real, false>(n, l.cp, dk, b.qk + n * l.dkp, l.dkp, 1, b.kt, l.cp, kkt, l.cp, 1, kLowerC);
+  const Vec<Real> lanes = lane_index<Real>();
+  const Vec<Real> zero{};
+  // diff holds row i of D: D_ij = g_(j+1) + ... + g_i for j < i, 0 at j = i, -inf past i.
+  fill<Real>(b.diff, l.cp, -__builtin_huge_val());
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t j = 0; j < l.cp; j += W) store(b.diff + j, load(b.diff + j) + b.g[i]);
+    b.diff[i] = 0;
+    const Vec<Real> row_i = splat(static_cast<Real>(i));
+    const Real beta_i = b.beta[i];
+    Real* prow = qkt + i * l.cp;
+    Real* lrow = kkt + i * l.cp;
+    const std::int64_t used = (i / W + 1) * W;  // vectors touching columns 0..i
+    for (std::int64_t j = 0; j < used; j += W) {
+      const Vec<Real> col = lanes + static_cast<Real>(j);
+      const Vec<Real> gamma = vexp<Real>(load(b.diff + j));  // 0 past the diagonal
+      store(prow + j, col <= row_i ? load(prow + j) * gamma : zero);
+      store(lrow + j, col < row_i ? load(lrow + j) * gamma * beta_i : zero);
+    }
+    for (std::int64_t j = used; j < l.cp; j += W) {
+      store(prow + j, zero);
+      store(lrow + j, zero);
+    }
+  }
+  // Row n-1 of D is G_last - G_j (-inf, so 0, in the padding).
+  exp_row(b.decay_to_end, b.diff, l.cp);
+}
+
+// A = (I + L)^-1, unit lower triangular, by forward substitution:
+// row i of A = e_i - sum_{j < i} L_ij (row j of A). Rows are padded; zeros above the diagonal.
+// Each block of kSolveBlock vectors of row i is accumulated in registers over j and stored
+// once (row j of A is zero past column j, so block b only needs rows j >= its first column).
+// Measured at C = 64, float, AVX-512: 5.6 us per chunk updating the row in memory (every
+// j waits on the previous store), 1.5 us with register accumulation.
+inline constexpr int kSolveBlock = 4;
+
+template <class Real>
+void solve_tril(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+  constexpr int W = kLanes<Real>;
+  const Real* lmat = b.gram + n * l.cp;
+  for (std::int64_t i = 0; i < n; ++i) {
+    Real* row = b.a + i * l.cp;
+    const Real* li = lmat + i * l.cp;
+    for (std::int64_t c0 = 0; c0 < l.cp; c0 += kSolveBlock * W) {
+      const int nb = static_cast<int>(min64(kSolveBlock, (l.cp - c0) / W));
+      Vec<Real> acc[kSolveBlock];
+      for (int v = 0; v < kSolveBlock; ++v) {
+        const Vec<Real> col = lane_index<Real>() + static_cast<Real>(c0 + v * W);
+        acc[v] = col == splat(static_cast<Real>(i)) ? splat<Real>(1) : Vec<Real>{};
+      }
+      for (std::int64_t j = c0; j < i; ++j) {
+        const Real lij = li[j];
+        const Real* aj = b.a + j * l.cp + c0;
+#pragma GCC unroll 4
+        for (int v = 0; v < kSolveBlock; ++v) {
+          if (v < nb) acc[v] -= lij * load(aj + v * W);
+        }
+      }
+      for (int v = 0; v < nb; ++v) store(row + c0 + v * W, acc[v]);
+    }
+  }
+}
+
+// X = [Q;K] S (rows 0..n-1: Q S, rows n..2n-1: K S); V <- R = diag(beta)(V - diag(e^G) K S);
+// V_new = A R.
+template <class Real>
+void chunk_wy(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+  gemm<Real, false>(2 * n, l.dvp, dk, b.qk, l.dkp, 1, b.state, l.dvp, b.x, l.dvp);
+  const Real* ks = b.x + n * l.dvp;
+  for (std::int64_t i = 0; i < n; ++i) {
+    Real* r = b.v + i * l.dvp;
+    const Real* ksi = ks + i * l.dvp;
+    const Real beta_i = b.beta[i], eg_i = b.eG[i];
+    for (std::int64_t j = 0; j < l.dvp; j += kLanes<Real>) {
+      store(r + j, (load(r + j) - load(ksi + j) * eg_i) * beta_i);
+    }
+  }
+  gemm<Real, false>(n, l.dvp, n, b.a, l.cp, 1, b.v, l.dvp, b.vnew, l.dvp, 1, kLowerA);
+}
+
+// O (in rows 0..n-1 of X) = diag(e^G) Q S + P V_new.
+template <class Real>
+void chunk_output(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+  for (std::int64_t i = 0; i < n; ++i) scale_row(b.x + i * l.dvp, l.dvp, b.eG[i]);
+  gemm<Real, true>(n, l.dvp, n, b.gram, l.cp, 1, b.vnew, l.dvp, b.x, l.dvp, 1, kLowerA);
+}
+
+// S = e^(G_last) S + K^T diag(e^(G_last - G)) V_new  (V_new is scaled in place).
+template <class Real>
+void chunk_state(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+  for (std::int64_t i = 0; i < n; ++i) scale_row(b.vnew + i * l.dvp, l.dvp, b.decay_to_end[i]);
+  const Real* k = b.qk + n * l.dkp;
+  // A(i, p) = K[p][i]: a_row = 1, a_col = dkp.
+  gemm<Real, true>(dk, l.dvp, n, k, 1, l.dkp, b.vnew, l.dvp, b.state, l.dvp, b.eG[n - 1]);
+}
+
+template <class Real>
+void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t h,
+                  std::byte* workspace) {
+  using In = Real;  // float32 inputs compute in float32, float64 inputs in float64
+  const detail::Sequence& seq = p.seqs[s];
+  const std::int64_t dk = p.shape.dk, dv = p.shape.dv, c = p.chunk_size;
+  const ChunkedLayout l = chunked_layout(dk, dv, c);
+  ChunkBuffers<Real> b(workspace, l);
+
+  load_matrix<Real, In>(b.state, dk, dv, l.dvp, p.initial_state, s, h);
+  for (std::int64_t t0 = 0, chunk = seq.first_chunk; t0 < seq.length; t0 += c, ++chunk) {
+    const std::int64_t n = min64(c, seq.length - t0);
+    store_matrix<Real>(p.chunk_states, chunk, h, b.state, dk, dv, l.dvp);
+    chunk_pack<Real, In>(p, seq, h, t0, n, l, b);
+    chunk_kkt(n, dk, l, b);
+    solve_tril(n, l, b);
+    store_t_inv<Real>(p.t_inv, chunk, h, b.a, n, c, l.cp);
+    chunk_wy(n, dk, l, b);
+    chunk_output(n, l, b);
+    for (std::int64_t i = 0; i < n; ++i) {
+      scatter_row(token_at<In>(p.o, seq, t0 + i, h), p.o.dim, b.x + i * l.dvp, dv);
+    }
+    chunk_state(n, dk, l, b);
+  }
+  store_matrix<In>(p.final_state, s, h, b.state, dk, dv, l.dvp);
+}

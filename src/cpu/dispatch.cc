@@ -1,0 +1,169 @@
+// dispatch.cc: which ISA variant runs, and the helpers every variant shares.
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu/kernels.h"
+#include "cpu/workspace.h"
+#include "gdn/error.h"
+#include "gdn/runtime.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace gdn {
+namespace cpu {
+
+#ifndef GDN_HAVE_AVX2
+const KernelTable* kernels_avx2() { return nullptr; }
+#endif
+#ifndef GDN_HAVE_AVX512
+const KernelTable* kernels_avx512() { return nullptr; }
+#endif
+
+namespace {
+
+bool cpu_supports(CpuIsa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  switch (isa) {
+    case CpuIsa::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case CpuIsa::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    default:
+      return true;
+  }
+#else
+  return isa == CpuIsa::generic || isa == CpuIsa::automatic;
+#endif
+}
+
+const KernelTable* compiled_table(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::generic: return kernels_generic();
+    case CpuIsa::avx2: return kernels_avx2();
+    case CpuIsa::avx512: return kernels_avx512();
+    case CpuIsa::automatic: return nullptr;
+  }
+  return nullptr;
+}
+
+// $GDN_CPU_ISA, read once; automatic when unset or empty.
+CpuIsa environment_isa() {
+  static const CpuIsa isa = [] {
+    const char* value = std::getenv("GDN_CPU_ISA");
+    if (value == nullptr || *value == '\0' || std::strcmp(value, "automatic") == 0) {
+      return CpuIsa::automatic;
+    }
+    for (CpuIsa candidate : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
+      if (std::strcmp(value, cpu_isa_name(candidate)) == 0) return candidate;
+    }
+    throw RuntimeError(std::string("environment variable GDN_CPU_ISA: expected automatic, "
+                                   "generic, avx2 or avx512, given '") + value + "'");
+  }();
+  return isa;
+}
+
+}  // namespace
+
+const KernelTable& kernel_table(CpuIsa isa) {
+  const KernelTable* table = compiled_table(resolve_cpu_isa(isa));
+  if (table == nullptr) throw RuntimeError("no CPU kernels for the requested ISA");
+  return *table;
+}
+
+std::size_t forward_workspace_bytes(const detail::ForwardProblem& p) {
+  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(p.shape.compute_dtype));
+  const std::int64_t chunked = chunked_layout(p.shape.dk, p.shape.dv, p.chunk_size).total;
+  const std::int64_t recurrent = recurrent_layout(p.shape.dk, p.shape.dv).total;
+  return static_cast<std::size_t>((chunked > recurrent ? chunked : recurrent) * elem);
+}
+
+double measure_fma_peak_gflops(CpuIsa isa, int threads, double seconds) {
+  const KernelTable& table = kernel_table(isa);
+  if (threads < 1) threads = default_threads();
+  constexpr int kTrials = 5;
+  // About seconds / kTrials per trial at ~4 G rounds/s; the best trial counts.
+  const auto iterations = static_cast<std::int64_t>(seconds / kTrials * 4e9 / 8);
+  double best = 0;
+  volatile float sink = 0;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    const auto start = std::chrono::steady_clock::now();
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+#endif
+    {
+      const float value = table.fma_peak_loop(iterations);
+#ifdef _OPENMP
+#pragma omp critical
+#endif
+      sink = sink + value;
+    }
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double gflops =
+        static_cast<double>(iterations) * table.fma_flops_per_round * threads / elapsed * 1e-9;
+    if (gflops > best) best = gflops;
+  }
+  return best;
+}
+
+}  // namespace cpu
+
+const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::automatic: return "automatic";
+    case CpuIsa::generic: return "generic";
+    case CpuIsa::avx2: return "avx2";
+    case CpuIsa::avx512: return "avx512";
+  }
+  return "unknown";
+}
+
+bool cpu_isa_available(CpuIsa isa) {
+  if (isa == CpuIsa::automatic) return true;
+  return cpu::compiled_table(isa) != nullptr && cpu::cpu_supports(isa);
+}
+
+CpuIsa resolve_cpu_isa(CpuIsa requested) {
+  const char* origin = "requested";
+  if (requested == CpuIsa::automatic) {
+    requested = cpu::environment_isa();
+    origin = "named by GDN_CPU_ISA";
+  }
+  if (requested == CpuIsa::automatic) {
+    for (CpuIsa best : {CpuIsa::avx512, CpuIsa::avx2}) {
+      if (cpu_isa_available(best)) return best;
+    }
+    return CpuIsa::generic;
+  }
+  if (!cpu_isa_available(requested)) {
+    throw RuntimeError(std::string("CPU ISA '") + cpu_isa_name(requested) + "' " + origin +
+                       " is not available: " +
+                       (cpu::compiled_table(requested) == nullptr ? "not compiled into this build"
+                                                                  : "this CPU lacks it"));
+  }
+  return requested;
+}
+
+int default_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+bool built_with_openmp() {
+#ifdef _OPENMP
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace gdn

@@ -1,0 +1,105 @@
+// io-inl.h: moving rows and matrices between the caller's strided tensors and the padded,
+// contiguous workspace of one ISA variant, converting the element type on the way.
+
+// dst[0..n) = src[0, stride, 2 stride, ...] converted to Real; dst[n..padded) = 0.
+template <class Real, class In>
+inline void gather_row(Real* dst, const In* src, std::int64_t stride, std::int64_t n,
+                       std::int64_t padded_n) {
+  if (stride == 1) {
+    for (std::int64_t j = 0; j < n; ++j) dst[j] = static_cast<Real>(src[j]);
+  } else {
+    for (std::int64_t j = 0; j < n; ++j) dst[j] = static_cast<Real>(src[j * stride]);
+  }
+  for (std::int64_t j = n; j < padded_n; ++j) dst[j] = 0;
+}
+
+template <class Out, class Real>
+inline void scatter_row(Out* dst, std::int64_t stride, const Real* src, std::int64_t n) {
+  if (stride == 1) {
+    for (std::int64_t j = 0; j < n; ++j) dst[j] = static_cast<Out>(src[j]);
+  } else {
+    for (std::int64_t j = 0; j < n; ++j) dst[j * stride] = static_cast<Out>(src[j]);
+  }
+}
+
+// The address of element 0 of (index, head) of a matrix tensor, typed.
+template <class T>
+inline const T* matrix_at(const detail::MatrixTensor<const std::byte*>& m, std::int64_t index,
+                          std::int64_t h) {
+  return reinterpret_cast<const T*>(m.data) + m.offset(index, h);
+}
+template <class T>
+inline T* matrix_at(const detail::MatrixTensor<std::byte*>& m, std::int64_t index, std::int64_t h) {
+  return reinterpret_cast<T*>(m.data) + m.offset(index, h);
+}
+
+// S[rows][ld] = the (index, head) matrix of `src`, or zeros when src is absent.
+template <class Real, class In>
+inline void load_matrix(Real* s, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                        const detail::MatrixTensor<const std::byte*>& src, std::int64_t index,
+                        std::int64_t h) {
+  if (src.data == nullptr) {
+    for (std::int64_t r = 0; r < rows; ++r) fill<Real>(s + r * ld, ld, 0);
+    return;
+  }
+  const In* base = matrix_at<In>(src, index, h);
+  for (std::int64_t r = 0; r < rows; ++r) gather_row(s + r * ld, base + r * src.row, src.col, cols, ld);
+}
+
+// The (index, head) matrix of `dst` = S[0..rows)[0..cols); absent dst: nothing.
+template <class Out, class Real>
+inline void store_matrix(const detail::MatrixTensor<std::byte*>& dst, std::int64_t index,
+                         std::int64_t h, const Real* s, std::int64_t rows, std::int64_t cols,
+                         std::int64_t ld) {
+  if (dst.data == nullptr) return;
+  Out* base = matrix_at<Out>(dst, index, h);
+  for (std::int64_t r = 0; r < rows; ++r) scatter_row(base + r * dst.row, dst.col, s + r * ld, cols);
+}
+
+// t_inv block of one chunk: A's top-left n x n, zeros in the rest of the C x C block.
+template <class Out, class Real>
+inline void store_t_inv(const detail::MatrixTensor<std::byte*>& dst, std::int64_t chunk,
+                        std::int64_t h, const Real* a, std::int64_t n, std::int64_t c,
+                        std::int64_t ld) {
+  if (dst.data == nullptr) return;
+  Out* base = matrix_at<Out>(dst, chunk, h);
+  for (std::int64_t r = 0; r < c; ++r) {
+    Out* row = base + r * dst.row;
+    const std::int64_t valid = r < n ? n : 0;
+    for (std::int64_t j = 0; j < valid; ++j) row[j * dst.col] = static_cast<Out>(a[r * ld + j]);
+    for (std::int64_t j = valid; j < c; ++j) row[j * dst.col] = 0;
+  }
+}
+
+// The address of element 0 of (sequence, token t, head h) of a token tensor, typed.
+template <class T>
+inline const T* token_at(const detail::TokenTensor<const std::byte*>& x, const detail::Sequence& s,
+                         std::int64_t t, std::int64_t h) {
+  return reinterpret_cast<const T*>(x.data) + x.offset(s, t, h);
+}
+template <class T>
+inline T* token_at(const detail::TokenTensor<std::byte*>& x, const detail::Sequence& s,
+                   std::int64_t t, std::int64_t h) {
+  return reinterpret_cast<T*>(x.data) + x.offset(s, t, h);
+}
+
+inline float sqrt_real(float x) { return __builtin_sqrtf(x); }
+inline double sqrt_real(double x) { return __builtin_sqrt(x); }
+
+// A q or k row into the workspace: dst[0..n) = src * scale, or with l2norm
+// src * scale / sqrt(sum(src^2) + 1e-6) (the sum of squares in Real); dst[n..padded_n) = 0.
+// Contiguous rows of the compute type take a vector path (the sum of squares accumulated in
+// the same lanes, so both paths round alike).
+template <class Real, class In>
+inline void pack_qk_row(Real* dst, const In* src, std::int64_t stride, std::int64_t n,
+                        std::int64_t padded_n, bool l2norm, Real scale) {
+  constexpr int W = kLanes<Real>;
+  if (__is_same(Real, In) && stride == 1 && n % W == 0) {
+    for (std::int64_t j = 0; j < n; j += W) store(dst + j, load(reinterpret_cast<const Real*>(src) + j));
+    for (std::int64_t j = n; j < padded_n; j += W) store(dst + j, Vec<Real>{});
+  } else {
+    gather_row(dst, src, stride, n, padded_n);
+  }
+  if (l2norm) scale /= sqrt_real(dot(dst, dst, padded_n) + static_cast<Real>(1e-6));
+  scale_row(dst, padded_n, scale);
+}

@@ -1,0 +1,49 @@
+// kernels.h: the table of CPU kernels one ISA variant provides, and the dispatch to it.
+//
+// Each variant is the same source (src/cpu/target-inl.h) compiled with its own flags into its
+// own namespace (target_generic.cc, target_avx2.cc, target_avx512.cc). The driver
+// (src/cpu/forward.cc) resolves the variant once per call and calls these function pointers
+// per (sequence, value head) work item; nothing below the table looks at dtype, ISA or flags.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "api/problem.h"
+#include "gdn/runtime.h"
+
+namespace gdn::cpu {
+
+// One (sequence, value head) item of a forward problem; `workspace` holds at least
+// forward_workspace_bytes(problem) bytes, 64-byte aligned, owned by the calling thread.
+using ForwardItemFn = void (*)(const detail::ForwardProblem& problem, std::int64_t seq,
+                               std::int64_t head, std::byte* workspace);
+
+struct KernelTable {
+  CpuIsa isa;
+  ForwardItemFn chunked_f32;
+  ForwardItemFn recurrent_f32;
+  ForwardItemFn chunked_f64;
+  ForwardItemFn recurrent_f64;
+  // Runs `iterations` rounds of independent fp32 FMA chains at this variant's vector width
+  // and returns a value that depends on all of them. FLOPs = iterations * fma_flops_per_round.
+  float (*fma_peak_loop)(std::int64_t iterations);
+  std::int64_t fma_flops_per_round;
+};
+
+const KernelTable* kernels_generic();
+const KernelTable* kernels_avx2();    // null when not compiled in
+const KernelTable* kernels_avx512();  // null when not compiled in
+
+// The table of a resolved (non-automatic) variant; throws gdn::RuntimeError if unavailable.
+const KernelTable& kernel_table(CpuIsa isa);
+
+// Per-thread workspace of one forward item, for either algorithm, in bytes. The same for
+// every variant (buffers are padded to 16 elements, a multiple of every vector width).
+std::size_t forward_workspace_bytes(const detail::ForwardProblem& problem);
+
+// fp32 FMA throughput of `threads` threads running the variant's peak loop, in GFLOP/s:
+// the best of a few short runs (about `seconds` in total).
+double measure_fma_peak_gflops(CpuIsa isa, int threads, double seconds = 0.3);
+
+}  // namespace gdn::cpu

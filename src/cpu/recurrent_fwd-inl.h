@@ -1,0 +1,93 @@
+// recurrent_fwd-inl.h: the token recurrence of one (sequence, value head), two passes over
+// the state per token, for one ISA variant. Used for sequences shorter than a chunk and as
+// the baseline of `gdn bench`. Must match gdn::ref::recurrent_fwd (tests/cpu/forward_test.cc).
+//
+// The output is taken from the old state, so one read pass serves both products:
+//   pass 1   ks = S^T k,  qs = S^T q                      (read S)
+//            u = beta (v - alpha ks),  o = alpha qs + (q . k) u   (q already scaled)
+//   pass 2   S = alpha S + k u^T                          (read and write S)
+// FLOPs per token and head: 6 Dk Dv (+ O(Dk + Dv)); the state (64 KiB at d = 128, float)
+// lives in L2, so this runs at L2 bandwidth, not at FMA peak.
+
+// Register block of pass 1: NB vectors of columns, two accumulators each (ks and qs).
+inline constexpr int kRecurrentBlock = GDN_GEMM_NV * 2;
+
+template <class Real>
+inline void state_products(const Real* state, std::int64_t dk, std::int64_t dvp, const Real* k,
+                           const Real* q, Real* ks, Real* qs) {
+  constexpr int W = kLanes<Real>;
+  for (std::int64_t j = 0; j < dvp; j += kRecurrentBlock * W) {
+    const int nb = static_cast<int>(min64(kRecurrentBlock, (dvp - j) / W));
+    Vec<Real> acc_k[kRecurrentBlock] = {}, acc_q[kRecurrentBlock] = {};
+    if (nb == kRecurrentBlock) {
+      for (std::int64_t r = 0; r < dk; ++r) {
+        const Real* row = state + r * dvp + j;
+        const Real kr = k[r], qr = q[r];
+#pragma GCC unroll 16
+        for (int v = 0; v < kRecurrentBlock; ++v) {
+          const Vec<Real> sv = load(row + v * W);
+          acc_k[v] += kr * sv;
+          acc_q[v] += qr * sv;
+        }
+      }
+    } else {
+      for (std::int64_t r = 0; r < dk; ++r) {
+        const Real* row = state + r * dvp + j;
+        const Real kr = k[r], qr = q[r];
+        for (int v = 0; v < nb; ++v) {
+          const Vec<Real> sv = load(row + v * W);
+          acc_k[v] += kr * sv;
+          acc_q[v] += qr * sv;
+        }
+      }
+    }
+    for (int v = 0; v < nb; ++v) {
+      store(ks + j + v * W, acc_k[v]);
+      store(qs + j + v * W, acc_q[v]);
+    }
+  }
+}
+
+template <class Real>
+void recurrent_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t h,
+                    std::byte* workspace) {
+  using In = Real;
+  constexpr int W = kLanes<Real>;
+  const detail::Sequence& seq = p.seqs[s];
+  const std::int64_t dk = p.shape.dk, dv = p.shape.dv, c = p.chunk_size;
+  const std::int64_t hk = h / p.group();
+  const Real scale = static_cast<Real>(p.scale);
+  const RecurrentLayout l = recurrent_layout(dk, dv);
+  Real* w = reinterpret_cast<Real*>(workspace);
+  Real* state = w + l.state;
+  Real* q = w + l.q;
+  Real* k = w + l.k;
+  Real* v = w + l.v;
+  Real* ks = w + l.ks;
+  Real* qs = w + l.qs;
+
+  load_matrix<Real, In>(state, dk, dv, l.dvp, p.initial_state, s, h);
+  for (std::int64_t t = 0; t < seq.length; ++t) {
+    if (t % c == 0) store_matrix<Real>(p.chunk_states, seq.first_chunk + t / c, h, state, dk, dv, l.dvp);
+    pack_qk_row(q, token_at<In>(p.q, seq, t, hk), p.q.dim, dk, l.dkp, p.l2norm, scale);
+    pack_qk_row(k, token_at<In>(p.k, seq, t, hk), p.k.dim, dk, l.dkp, p.l2norm, static_cast<Real>(1));
+    gather_row(v, token_at<In>(p.v, seq, t, h), p.v.dim, dv, l.dvp);
+    const Real alpha = static_cast<Real>(__builtin_exp(static_cast<double>(*token_at<In>(p.g, seq, t, h))));
+    const Real beta = static_cast<Real>(*token_at<In>(p.beta, seq, t, h));
+
+    state_products(state, dk, l.dvp, k, q, ks, qs);
+    const Real qk = dot(q, k, l.dkp);
+    for (std::int64_t j = 0; j < l.dvp; j += W) {
+      const Vec<Real> u = (load(v + j) - load(ks + j) * alpha) * beta;
+      store(v + j, u);
+      store(qs + j, load(qs + j) * alpha + u * qk);
+    }
+    for (std::int64_t r = 0; r < dk; ++r) {
+      Real* row = state + r * l.dvp;
+      const Real kr = k[r];
+      for (std::int64_t j = 0; j < l.dvp; j += W) store(row + j, load(row + j) * alpha + load(v + j) * kr);
+    }
+    scatter_row(token_at<In>(p.o, seq, t, h), p.o.dim, qs, dv);
+  }
+  store_matrix<In>(p.final_state, s, h, state, dk, dv, l.dvp);
+}

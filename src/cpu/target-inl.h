@@ -1,0 +1,57 @@
+// target-inl.h: one ISA variant of the CPU kernels. Each target_<isa>.cc defines
+//   GDN_TARGET        the variant's namespace (generic, avx2, avx512)
+//   GDN_TARGET_ISA    its gdn::CpuIsa
+//   GDN_VECTOR_BYTES  its vector width
+//   GDN_GEMM_MR/NV    its register tile (rows x vectors)
+// and includes this file once; the build compiles it with the variant's ISA flags.
+#include <cstddef>
+#include <cstdint>
+#include <utility>  // std::index_sequence (types only, no code)
+
+#include "api/problem.h"
+#include "cpu/kernels.h"
+#include "cpu/workspace.h"
+
+#if !defined(GDN_TARGET) || !defined(GDN_TARGET_ISA) || !defined(GDN_VECTOR_BYTES) || \
+    !defined(GDN_GEMM_MR) || !defined(GDN_GEMM_NV)
+#error "define GDN_TARGET, GDN_TARGET_ISA, GDN_VECTOR_BYTES, GDN_GEMM_MR and GDN_GEMM_NV first"
+#endif
+
+namespace gdn::cpu::GDN_TARGET {
+namespace {
+
+#include "cpu/simd-inl.h"
+#include "cpu/gemm-inl.h"
+#include "cpu/io-inl.h"
+#include "cpu/chunked_fwd-inl.h"
+#include "cpu/recurrent_fwd-inl.h"
+
+// kChains independent FMA chains: enough to cover the FMA latency (4 cycles) times the FMA
+// ports (2) of current x86 cores with room to spare.
+constexpr int kChains = 12;
+
+float fma_peak_loop(std::int64_t iterations) {
+  Vec<float> acc[kChains];
+  const Vec<float> x = splat(1.0000001f), y = splat(1e-7f);
+  for (int c = 0; c < kChains; ++c) acc[c] = splat(static_cast<float>(c));
+  for (std::int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 16
+    for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * x + y;
+  }
+  Vec<float> sum{};
+  for (int c = 0; c < kChains; ++c) sum += acc[c];
+  return reduce_add<float>(sum);
+}
+
+constexpr KernelTable kTable = {
+    GDN_TARGET_ISA,
+    &chunked_item<float>,
+    &recurrent_item<float>,
+    &chunked_item<double>,
+    &recurrent_item<double>,
+    &fma_peak_loop,
+    2 * kChains * kLanes<float>,
+};
+
+}  // namespace
+}  // namespace gdn::cpu::GDN_TARGET

@@ -1,0 +1,78 @@
+// workspace.h: the per-thread scratch layout of one forward work item.
+//
+// Shared by the driver (which sizes and allocates it) and every ISA variant (which carves it),
+// so the functions have internal linkage: each translation unit gets its own copy.
+// Rows are padded to kPad elements (zeros in the padding) so that every row starts on a
+// vector boundary for every variant and dtype. Budget at C = 64, Dk = Dv = 128, float:
+// S 64 KiB + [Q;K] 64 KiB + K^T 32 KiB + V 32 KiB + gram 32 KiB + A 16 KiB + X 64 KiB +
+// V_new 32 KiB = 336 KiB: inside the 1 MiB L2 of a Zen 5 core, with S (64 KiB) the hot part.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gdn::cpu {
+
+inline constexpr std::int64_t kPad = 16;  // elements; 64 bytes of float
+
+static constexpr std::int64_t padded(std::int64_t n) { return (n + kPad - 1) / kPad * kPad; }
+
+// Offsets in elements of each buffer; every buffer starts on a 64-byte boundary because
+// every size is a multiple of kPad elements.
+struct ChunkedLayout {
+  std::int64_t dkp, dvp, cp;     // padded Dk, Dv, C
+  std::int64_t state;            // S      [Dk][dvp]
+  std::int64_t qk;               // [Q;K]  [2C][dkp]: Q (scaled) in rows 0..n-1, K in n..2n-1
+  std::int64_t kt;               // K^T    [Dk][cp]
+  std::int64_t v;                // V, then R = diag(beta)(V - diag(e^G) K S)   [C][dvp]
+  std::int64_t gram;             // [Q;K] K^T, then P (rows 0..n-1) and L (n..2n-1)  [2C][cp]
+  std::int64_t a;                // A = T^-1 [C][cp]
+  std::int64_t x;                // [Q;K] S, then O in rows 0..n-1   [2C][dvp]
+  std::int64_t vnew;             // V_new  [C][dvp]
+  std::int64_t vectors;          // g, G, e^G, beta, e^(G_last - G), D: 6 x [cp]
+  std::int64_t total;
+};
+
+static constexpr ChunkedLayout chunked_layout(std::int64_t dk, std::int64_t dv, std::int64_t c) {
+  ChunkedLayout l{};
+  l.dkp = padded(dk);
+  l.dvp = padded(dv);
+  l.cp = padded(c);
+  std::int64_t at = 0;
+  l.state = at;   at += dk * l.dvp;
+  l.qk = at;      at += 2 * c * l.dkp;
+  l.kt = at;      at += dk * l.cp;
+  l.v = at;       at += c * l.dvp;
+  l.gram = at;    at += 2 * c * l.cp;
+  l.a = at;       at += c * l.cp;
+  l.x = at;       at += 2 * c * l.dvp;
+  l.vnew = at;    at += c * l.dvp;
+  l.vectors = at; at += 6 * l.cp;
+  l.total = padded(at);
+  return l;
+}
+
+struct RecurrentLayout {
+  std::int64_t dkp, dvp;
+  std::int64_t state;  // S [Dk][dvp]
+  std::int64_t q, k;   // [dkp] each
+  std::int64_t v, ks, qs;  // [dvp] each: v, then u; S^T k; S^T q, then o
+  std::int64_t total;
+};
+
+static constexpr RecurrentLayout recurrent_layout(std::int64_t dk, std::int64_t dv) {
+  RecurrentLayout l{};
+  l.dkp = padded(dk);
+  l.dvp = padded(dv);
+  std::int64_t at = 0;
+  l.state = at; at += dk * l.dvp;
+  l.q = at;     at += l.dkp;
+  l.k = at;     at += l.dkp;
+  l.v = at;     at += l.dvp;
+  l.ks = at;    at += l.dvp;
+  l.qs = at;    at += l.dvp;
+  l.total = padded(at);
+  return l;
+}
+
+}  // namespace gdn::cpu

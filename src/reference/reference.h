@@ -1,0 +1,96 @@
+// reference.h (internal): helpers of the float64 reference shared by its two forms.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "api/problem.h"
+#include "gdn/forward.h"
+
+namespace gdn {
+namespace detail {
+// Allocation helpers shared with the CPU entry points (src/api/forward.cc).
+ForwardResult allocate_forward_result(const ForwardShape& shape, DType out, DType residual,
+                                      Residuals residuals, bool t_inv);
+ForwardOutputs outputs_of(ForwardResult& result);
+}  // namespace detail
+
+namespace ref {
+
+// Element `offset` of a float tensor, as double (exact for f32 and f64).
+inline double read_real(const std::byte* data, DType dtype, std::int64_t offset) {
+  if (dtype == DType::f32) return reinterpret_cast<const float*>(data)[offset];
+  return reinterpret_cast<const double*>(data)[offset];
+}
+
+// Row (sequence s, token t, head h) of a token tensor: n elements as double.
+inline void read_row(const detail::TokenTensor<const std::byte*>& x, const detail::Sequence& s,
+                     std::int64_t t, std::int64_t h, std::int64_t n, double* out) {
+  const std::int64_t base = x.offset(s, t, h);
+  for (std::int64_t j = 0; j < n; ++j) out[j] = read_real(x.data, x.dtype, base + j * x.dim);
+}
+
+inline double read_scalar(const detail::TokenTensor<const std::byte*>& x,
+                          const detail::Sequence& s, std::int64_t t, std::int64_t h) {
+  return read_real(x.data, x.dtype, x.offset(s, t, h));
+}
+
+// x / sqrt(sum(x^2) + 1e-6), in place.
+inline void l2_normalize(double* x, std::int64_t n) {
+  double ss = 0;
+  for (std::int64_t j = 0; j < n; ++j) ss += x[j] * x[j];
+  const double inv = 1.0 / std::sqrt(ss + 1e-6);
+  for (std::int64_t j = 0; j < n; ++j) x[j] *= inv;
+}
+
+// Outputs of the reference are f64.
+inline void write_row(const detail::TokenTensor<std::byte*>& x, const detail::Sequence& s,
+                      std::int64_t t, std::int64_t h, std::int64_t n, const double* values) {
+  double* base = reinterpret_cast<double*>(x.data) + x.offset(s, t, h);
+  for (std::int64_t j = 0; j < n; ++j) base[j * x.dim] = values[j];
+}
+
+// state[rows * cols] (row-major) from matrix (index, h), or zeros when absent.
+inline void read_matrix(const detail::MatrixTensor<const std::byte*>& m, std::int64_t index,
+                        std::int64_t h, std::int64_t rows, std::int64_t cols, double* out) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      out[r * cols + c] = m.data == nullptr
+                              ? 0.0
+                              : read_real(m.data, m.dtype, m.offset(index, h) + r * m.row + c * m.col);
+    }
+  }
+}
+
+// Writes the top-left rows x cols of values (leading dimension ld) into matrix (index, h),
+// and zeros into the rest of a padded_rows x padded_cols block; absent matrix: nothing.
+inline void write_matrix(const detail::MatrixTensor<std::byte*>& m, std::int64_t index,
+                         std::int64_t h, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                         const double* values, std::int64_t padded_rows, std::int64_t padded_cols) {
+  if (m.data == nullptr) return;
+  double* base = reinterpret_cast<double*>(m.data) + m.offset(index, h);
+  for (std::int64_t r = 0; r < padded_rows; ++r) {
+    for (std::int64_t c = 0; c < padded_cols; ++c) {
+      base[r * m.row + c * m.col] = (r < rows && c < cols) ? values[r * ld + c] : 0.0;
+    }
+  }
+}
+
+// Runs fn(s, h) for every (sequence, value head) with problem.threads threads.
+template <class Fn>
+void for_each_item(const detail::ForwardProblem& p, Fn&& fn) {
+  const std::int64_t items = p.shape.num_seqs * p.shape.hv;
+#ifdef _OPENMP
+  const int threads = p.threads > 0 ? p.threads : 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads > 0 ? threads : omp_get_max_threads())
+#endif
+  for (std::int64_t item = 0; item < items; ++item) fn(item / p.shape.hv, item % p.shape.hv);
+}
+
+}  // namespace ref
+}  // namespace gdn

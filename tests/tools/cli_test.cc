@@ -1,0 +1,213 @@
+// cli_test.cc: the gdn tool as a user runs it: .npy files in, .npy files out, clear errors.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "common/compare.h"
+#include "common/problem.h"
+#include "npy.h"
+
+#ifndef GDN_CLI_PATH
+#error "GDN_CLI_PATH must name the gdn executable"
+#endif
+
+namespace gdn {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string output;  // stdout and stderr
+};
+
+Result gdn_cli(const std::string& args) {
+  const std::string command = std::string("'") + GDN_CLI_PATH + "' " + args + " 2>&1";
+  Result r;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf{};
+  std::size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           (std::string("gdn_cli_test_") + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "in");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Writes a packed problem with int32 cu_seqlens and h0 (as a framework dump would).
+  test::Problem write_inputs(DType dtype = DType::f32) {
+    test::ProblemSpec spec;
+    spec.lengths = {70, 0, 33};
+    spec.hk = 2;
+    spec.hv = 4;
+    spec.dk = 16;
+    spec.dv = 8;
+    spec.initial_state = true;
+    spec.l2norm = true;
+    spec.dtype = dtype;
+    test::Problem p = test::make_problem(spec);
+    npy::save(path("in/q.npy"), p.q);
+    npy::save(path("in/k.npy"), p.k);
+    npy::save(path("in/v.npy"), p.v);
+    npy::save(path("in/g.npy"), p.g);
+    npy::save(path("in/beta.npy"), p.beta);
+    npy::save(path("in/h0.npy"), p.h0);
+    Tensor cu32(DType::i32, {4});
+    for (int i = 0; i < 4; ++i) cu32.data<std::int32_t>()[i] = static_cast<std::int32_t>(p.cu_seqlens.data<std::int64_t>()[i]);
+    npy::save(path("in/cu_seqlens.npy"), cu32);
+    return p;
+  }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string io(const std::string& out = "out") const { return "--in '" + path("in") + "' --out '" + path(out) + "'"; }
+
+  fs::path dir_;
+};
+
+TEST_F(Cli, ForwardRoundTripEqualsLibrary) {
+  const test::Problem p = write_inputs();
+  const Result run = gdn_cli("forward " + io() + " --l2norm --residuals --chunk-size 32 --threads 2");
+  ASSERT_EQ(run.code, 0) << run.output;
+  ForwardOptions options = p.options();
+  options.chunk_size = 32;
+  const ForwardResult expected = chunk_gated_delta_rule_fwd(p.inputs(), options, Residuals::all);
+  EXPECT_TRUE(test::bit_identical(npy::load(path("out/o.npy")), expected.o, "o.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("out/ht.npy")), expected.final_state, "ht.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("out/chunk_states.npy")), expected.chunk_states, "chunk_states.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("out/t_inv.npy")), expected.t_inv, "t_inv.npy"));
+}
+
+TEST_F(Cli, ReferenceWritesFloat64) {
+  const test::Problem p = write_inputs();
+  const Result run = gdn_cli("forward " + io() + " --l2norm --reference --scale 0.5");
+  ASSERT_EQ(run.code, 0) << run.output;
+  ForwardOptions options = p.options();
+  options.scale = 0.5;
+  const ForwardResult expected = ref::recurrent_fwd(p.inputs(), options);
+  const Tensor o = npy::load(path("out/o.npy"));
+  EXPECT_EQ(o.dtype(), DType::f64);
+  EXPECT_TRUE(test::bit_identical(o, expected.o, "o.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("out/ht.npy")), expected.final_state, "ht.npy"));
+}
+
+TEST_F(Cli, Float64InputsGiveFloat64Outputs) {
+  write_inputs(DType::f64);
+  const Result run = gdn_cli("forward " + io() + " --quiet");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_TRUE(run.output.empty()) << run.output;
+  EXPECT_EQ(npy::load(path("out/o.npy")).dtype(), DType::f64);
+}
+
+TEST_F(Cli, MalformedInputsAreClearErrors) {
+  write_inputs();
+  // Truncated q.npy.
+  {
+    std::string bytes;
+    {
+      std::ifstream in(path("in/q.npy"), std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    std::ofstream(path("in/q.npy"), std::ios::binary | std::ios::trunc).write(bytes.data(), 300);
+    const Result run = gdn_cli("forward " + io());
+    EXPECT_EQ(run.code, 1) << run.output;
+    EXPECT_NE(run.output.find("q.npy: truncated"), std::string::npos) << run.output;
+  }
+  write_inputs();
+  // k with the wrong head dim: named by its file.
+  {
+    npy::save(path("in/k.npy"), Tensor(DType::f32, {103, 2, 15}));
+    const Result run = gdn_cli("forward " + io());
+    EXPECT_EQ(run.code, 1) << run.output;
+    EXPECT_NE(run.output.find("k.npy"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("expected shape"), std::string::npos) << run.output;
+  }
+  write_inputs();
+  // g in float64 while q is float32.
+  {
+    npy::save(path("in/g.npy"), Tensor(DType::f64, {103, 4}));
+    const Result run = gdn_cli("forward " + io());
+    EXPECT_EQ(run.code, 1) << run.output;
+    EXPECT_NE(run.output.find("g.npy (g)': expected dtype f32"), std::string::npos) << run.output;
+  }
+  write_inputs();
+  // Not a .npy file at all, and a missing one.
+  {
+    std::ofstream(path("in/beta.npy")) << "beta,0.5\n";
+    const Result run = gdn_cli("forward " + io());
+    EXPECT_EQ(run.code, 1) << run.output;
+    EXPECT_NE(run.output.find("beta.npy: not a .npy file"), std::string::npos) << run.output;
+    fs::remove(path("in/beta.npy"));
+    const Result missing = gdn_cli("forward " + io());
+    EXPECT_EQ(missing.code, 1) << missing.output;
+    EXPECT_NE(missing.output.find("beta.npy: cannot open"), std::string::npos) << missing.output;
+  }
+  EXPECT_FALSE(fs::exists(path("out/o.npy"))) << "outputs written despite bad inputs";
+}
+
+TEST_F(Cli, UsageErrors) {
+  write_inputs();
+  const Result unknown = gdn_cli("forward " + io() + " --chunksize 32");
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.output.find("unknown option '--chunksize'"), std::string::npos) << unknown.output;
+  const Result bad = gdn_cli("forward " + io() + " --chunk-size 1000");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("'--chunk-size': expected an integer in [1, 256], given '1000'"), std::string::npos)
+      << bad.output;
+  const Result missing = gdn_cli("forward --out x");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.output.find("'--in' is required"), std::string::npos) << missing.output;
+  const Result command = gdn_cli("backwards");
+  EXPECT_EQ(command.code, 2);
+  EXPECT_NE(command.output.find("unknown command 'backwards'"), std::string::npos) << command.output;
+  const Result bench = gdn_cli("bench --hk 3 --hv 4");
+  EXPECT_EQ(bench.code, 2);
+  EXPECT_NE(bench.output.find("multiple of --hk"), std::string::npos) << bench.output;
+}
+
+TEST_F(Cli, HelpShowsExamples) {
+  for (const char* args : {"--help", "forward --help", "bench --help", "help forward"}) {
+    const Result run = gdn_cli(args);
+    EXPECT_EQ(run.code, 0) << args;
+    EXPECT_NE(run.output.find("examples:"), std::string::npos) << args << ": " << run.output;
+    EXPECT_NE(run.output.find("gdn "), std::string::npos) << args;
+  }
+}
+
+// The benchmark on a small shape: the check passes and the JSON lines carry every field.
+TEST_F(Cli, BenchJsonLines) {
+  const Result run = gdn_cli("bench --tokens 130 --hk 2 --hv 4 --dk 32 --dv 16 --repeats 2 --json --threads 2");
+  ASSERT_EQ(run.code, 0) << run.output;
+  int lines = 0;
+  std::size_t at = 0;
+  while ((at = run.output.find("{\"op\": ", at)) != std::string::npos) {
+    const std::string line = run.output.substr(at, run.output.find('}', at) - at);
+    for (const char* field : {"\"op\"", "\"impl\"", "\"dtype\"", "\"threads\"", "\"tokens\"", "\"hk\"", "\"hv\"",
+                              "\"dk\"", "\"dv\"", "\"median_ms\"", "\"min_ms\"", "\"max_ms\"", "\"us_per_token_head\"",
+                              "\"gflops\"", "\"peak_gflops\"", "\"residual_bytes\"", "\"peak_rss_bytes\""}) {
+      EXPECT_NE(line.find(field), std::string::npos) << field << " missing in " << line;
+    }
+    ++lines;
+    ++at;
+  }
+  EXPECT_EQ(lines, 3) << run.output;
+  EXPECT_NE(run.output.find("PASS"), std::string::npos) << run.output;
+}
+
+}  // namespace
+}  // namespace gdn

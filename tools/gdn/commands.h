@@ -1,0 +1,14 @@
+// commands.h: the subcommands of the gdn tool. Each parses its own options (argv[2..]),
+// prints its own --help, and returns the process exit code; usage errors throw
+// cli::UsageError, bad tensors gdn::InvalidArgument, unreadable files npy::NpyError.
+#pragma once
+
+namespace gdn::cli {
+
+int forward_command(int argc, char** argv);
+int bench_command(int argc, char** argv);
+
+extern const char* const kForwardHelp;
+extern const char* const kBenchHelp;
+
+}  // namespace gdn::cli

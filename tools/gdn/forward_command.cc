@@ -1,0 +1,165 @@
+// forward_command.cc: `gdn forward`, the forward pass on tensors stored as .npy files.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "commands.h"
+#include "gdn/gdn.h"
+#include "npy.h"
+
+namespace gdn::cli {
+
+const char* const kForwardHelp = R"HELP(usage: gdn forward --in DIR --out DIR [options]
+
+Runs the gated delta rule forward pass on tensors read from NumPy .npy files.
+
+Reads from --in (float32 or float64, C order, one dtype for all):
+  q.npy, k.npy     [T, Hk, Dk]  (or [B, T, Hk, Dk] for a dense batch)
+  v.npy            [T, Hv, Dv]  (or [B, T, Hv, Dv])
+  g.npy, beta.npy  [T, Hv]      (or [B, T, Hv]); g is the log-decay
+  cu_seqlens.npy   optional, int64 (or int32) [N + 1]: sequence boundaries of a packed batch
+  h0.npy           optional, [N, Hv, Dk, Dv]: initial states (zeros when absent)
+Writes to --out (created if missing):
+  o.npy            [T, Hv, Dv]
+  ht.npy           [N, Hv, Dk, Dv] final states
+  chunk_states.npy [total_chunks, Hv, Dk, Dv] and t_inv.npy [total_chunks, Hv, C, C]
+                   with --residuals
+Outputs have the input dtype; with --reference they are float64 (the float64 reference:
+o and ht from the token recurrence, residuals from the chunked float64 form).
+
+options:
+%s
+examples:
+  gdn forward --in dump/ --out result/
+  gdn forward --in dump/ --out result/ --l2norm --threads 2 --residuals
+  gdn forward --in dump/ --out ref/ --reference --l2norm
+  python -c "import numpy as np; print(abs(np.load('result/o.npy') - np.load('ref/o.npy')).max())"
+)HELP";
+
+namespace {
+
+const std::vector<OptionSpec> kOptions = {
+    {"in", "DIR", "directory holding the input .npy files (required)"},
+    {"out", "DIR", "directory for the output .npy files (required)"},
+    {"chunk-size", "C", "tokens per chunk, 1 to 256 (default 64)"},
+    {"threads", "N", "worker threads, 0 = all cores (default 0); results do not depend on it"},
+    {"l2norm", nullptr, "L2-normalise q and k inside the kernel"},
+    {"scale", "S", "multiplier of q (default Dk^-1/2)"},
+    {"residuals", nullptr, "also write chunk_states.npy and t_inv.npy (for the backward pass)"},
+    {"reference", nullptr, "run the float64 reference instead of the CPU kernels"},
+    {"algorithm", "A", "auto, chunked or recurrent (default auto; not with --reference)"},
+    {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"quiet", nullptr, "print nothing on success"},
+    {"help", nullptr, "show this help"},
+};
+
+// The CLI file behind each argument name of the library, for error messages.
+std::string file_of(const std::string& argument) {
+  if (argument == "initial_state") return "h0.npy";
+  if (argument == "q" || argument == "k" || argument == "v" || argument == "g" ||
+      argument == "beta" || argument == "cu_seqlens") {
+    return argument + ".npy";
+  }
+  return "";
+}
+
+}  // namespace
+
+int forward_command(int argc, char** argv) {
+  const Args args(kOptions, argc, argv, 2);
+  if (args.flag("help")) {
+    std::printf(kForwardHelp, describe_options(kOptions).c_str());
+    return 0;
+  }
+  const std::filesystem::path in_dir = args.required_text("in");
+  const std::filesystem::path out_dir = args.required_text("out");
+  ForwardOptions options;
+  options.chunk_size = static_cast<int>(args.integer("chunk-size", 64, 1, 256));
+  options.threads = static_cast<int>(args.integer("threads", 0, 0, 4096));
+  options.use_qk_l2norm = args.flag("l2norm");
+  if (auto s = args.number("scale")) options.scale = *s;
+  const std::string algorithm = args.choice("algorithm", "auto", {"auto", "chunked", "recurrent"});
+  options.algorithm = algorithm == "chunked"     ? Algorithm::chunked
+                      : algorithm == "recurrent" ? Algorithm::recurrent
+                                                 : Algorithm::automatic;
+  const std::string isa = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
+  options.isa = isa == "generic" ? CpuIsa::generic
+                : isa == "avx2"  ? CpuIsa::avx2
+                : isa == "avx512" ? CpuIsa::avx512
+                                  : CpuIsa::automatic;
+  const bool reference = args.flag("reference");
+  const bool residuals = args.flag("residuals");
+  if (reference && args.has("algorithm")) {
+    throw UsageError("option '--algorithm' does not apply with --reference");
+  }
+  if (!std::filesystem::is_directory(in_dir)) {
+    throw UsageError("option '--in': expected a directory with q.npy, k.npy, v.npy, g.npy, beta.npy, given '" +
+                     in_dir.string() + "'");
+  }
+
+  Tensor q = npy::load(in_dir / "q.npy");
+  Tensor k = npy::load(in_dir / "k.npy");
+  Tensor v = npy::load(in_dir / "v.npy");
+  Tensor g = npy::load(in_dir / "g.npy");
+  Tensor beta = npy::load(in_dir / "beta.npy");
+  Tensor cu, h0;
+  if (std::filesystem::exists(in_dir / "cu_seqlens.npy")) {
+    cu = npy::load(in_dir / "cu_seqlens.npy");
+    if (cu.dtype() == DType::i32) {  // widen int32 boundaries exactly
+      Tensor wide(DType::i64, cu.rank(), cu.sizes());
+      for (std::int64_t i = 0; i < cu.numel(); ++i) wide.data<std::int64_t>()[i] = cu.data<std::int32_t>()[i];
+      cu = std::move(wide);
+    }
+  }
+  if (std::filesystem::exists(in_dir / "h0.npy")) h0 = npy::load(in_dir / "h0.npy");
+
+  const ForwardInputs inputs{q.view(), k.view(), v.view(), g.view(), beta.view(), h0.view(), cu.view()};
+  const Residuals keep = residuals ? Residuals::all : Residuals::none;
+  ForwardResult result;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    if (reference) {
+      result = ref::recurrent_fwd(inputs, options, Residuals::none);
+      if (residuals) {
+        ForwardResult chunked = ref::chunked_fwd(inputs, options, Residuals::all);
+        result.chunk_states = std::move(chunked.chunk_states);
+        result.t_inv = std::move(chunked.t_inv);
+      }
+    } else {
+      result = chunk_gated_delta_rule_fwd(inputs, options, keep);
+    }
+  } catch (const InvalidArgument& e) {
+    const std::string file = file_of(e.argument());
+    if (file.empty()) throw;
+    throw InvalidArgument(file + " (" + e.argument() + ")", e.expected(), e.given());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::filesystem::create_directories(out_dir);
+  npy::save(out_dir / "o.npy", result.o);
+  npy::save(out_dir / "ht.npy", result.final_state);
+  if (residuals) {
+    npy::save(out_dir / "chunk_states.npy", result.chunk_states);
+    if (result.t_inv.present()) npy::save(out_dir / "t_inv.npy", result.t_inv);
+  }
+  if (!args.flag("quiet")) {
+    const ForwardShape shape = forward_shape(inputs, options);
+    std::printf("gdn forward: T = %lld tokens in %lld sequences, Hk = %lld, Hv = %lld, Dk = %lld, Dv = %lld, %s\n",
+                static_cast<long long>(shape.batch > 0 ? shape.batch * shape.tokens : shape.tokens),
+                static_cast<long long>(shape.num_seqs), static_cast<long long>(shape.hk),
+                static_cast<long long>(shape.hv), static_cast<long long>(shape.dk),
+                static_cast<long long>(shape.dv), dtype_name(shape.dtype));
+    std::printf("  %s in %.3f ms; wrote o.npy, ht.npy%s to %s\n",
+                reference ? "float64 reference"
+                          : (std::string(cpu_isa_name(resolve_cpu_isa(options.isa))) + " kernels").c_str(),
+                seconds * 1e3,
+                residuals ? (result.t_inv.present() ? ", chunk_states.npy, t_inv.npy" : ", chunk_states.npy") : "",
+                out_dir.string().c_str());
+  }
+  return 0;
+}
+
+}  // namespace gdn::cli
