@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   p.v = {bytes(v.data()), DType::f32, 0, hv * dv, dv, 1};
   p.g = {bytes(g.data()), DType::f32, 0, hv, 1, 0};
   p.beta = {bytes(beta.data()), DType::f32, 0, hv, 1, 0};
-  const ChunkedLayout l = chunked_layout(dk, dv, c);
+  const ChunkedLayout l = chunked_layout(dk, dv, c, 1);
   auto* workspace = static_cast<std::byte*>(std::aligned_alloc(64, static_cast<std::size_t>(l.total) * 4));
   std::memset(workspace, 0, static_cast<std::size_t>(l.total) * 4);
   ChunkBuffers<float> b(workspace, l);
@@ -66,12 +66,25 @@ int main(int argc, char** argv) {
   const double n = static_cast<double>(c);
   std::printf("one chunk: C = %lld, Dk = Dv = %lld, float32, AVX-512, %s, in cache\n",
               static_cast<long long>(c), static_cast<long long>(dk), l2norm ? "l2norm" : "no l2norm");
-  time("chunk_pack", 0, [&](int r) { chunk_pack<float, float>(p, seq, r % hv, (r / hv % 4) * c, c, l, b); });
-  time("chunk_kkt", 2 * n * n * dk, [&](int) { chunk_kkt<float>(c, dk, l, b); });
+  time("chunk_pack_qk", 0, [&](int r) { chunk_pack_qk<float, float>(p, seq, r % hk, (r / hk % 4) * c, c, l, b); });
+  time("chunk_gram", 2 * n * n * dk, [&](int) { chunk_gram<float>(c, dk, l, b); });
+  time("chunk_pack_v", 0, [&](int r) { chunk_pack_v<float, float>(p, seq, r % hv, (r / hv % 4) * c, c, l, b); });
+  time("chunk_kkt", 0, [&](int) { chunk_kkt<float>(c, l, b); });
   time("solve_tril", n * n * n / 3, [&](int) { solve_tril<float>(c, l, b); });
-  time("chunk_wy", 4 * n * dk * dv + n * (n + 1) * dv, [&](int) { chunk_wy<float>(c, dk, l, b); });
+  time("chunk_wy", 4 * n * dk * dv + n * (n + 1) * dv, [&](int) { chunk_wy<float>(c, dk, b.states, l, b); });
   time("chunk_output", n * (n + 1) * dv, [&](int) { chunk_output<float>(c, l, b); });
-  time("chunk_state", 2 * n * dk * dv, [&](int) { chunk_state<float>(c, dk, l, b); });
+  time("chunk_state", 2 * n * dk * dv, [&](int) { chunk_state<float>(c, dk, b.states, l, b); });
+  // The FMA peak of this variant on one core, measured in the same run (best of 5).
+  double peak = 0;
+  for (int trial = 0; trial < 5; ++trial) {
+    const std::int64_t rounds = 20000000;
+    const auto t0 = std::chrono::steady_clock::now();
+    volatile float sink = fma_peak_loop(rounds);
+    (void)sink;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    peak = std::max(peak, static_cast<double>(rounds) * kTable.fma_flops_per_round / s * 1e-9);
+  }
+  std::printf("fp32 FMA peak (1 core, measured now): %.1f GFLOP/s\n", peak);
   std::printf("sum          %8.2f us per chunk = %.3f us per token*head; cost model %.2f MFLOP -> %.1f GFLOP/s\n",
               total, total / n, bench::chunked_forward_flops_per_chunk(n, dk, dv) * 1e-6,
               bench::chunked_forward_flops_per_chunk(n, dk, dv) / total * 1e-3);

@@ -102,7 +102,8 @@ void chunk_gated_delta_rule_fwd(const ForwardInputs& inputs, const ForwardOutput
                                 const ForwardOptions& options = {});
 
 // The same, allocating its outputs (contiguous). final_state is always returned;
-// chunk_states and t_inv when `residuals` is Residuals::all.
+// chunk_states and t_inv when `residuals` is Residuals::all (t_inv not with
+// Algorithm::recurrent, which forms no T^-1).
 struct ForwardResult {
   Tensor o, final_state, chunk_states, t_inv;
 };

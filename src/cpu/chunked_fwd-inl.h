@@ -1,12 +1,14 @@
-// chunked_fwd-inl.h: the chunked (WY) forward of one (sequence, value head), float32 or
-// float64, for one ISA variant. Must match gdn::ref::chunked_fwd and gdn::ref::recurrent_fwd
-// (tests/cpu/forward_test.cc); benchmark: `gdn bench`.
+// chunked_fwd-inl.h: the chunked (WY) forward of one sequence for a group of value heads that
+// share a key head, float32 or float64, for one ISA variant. Must match gdn::ref::chunked_fwd
+// and gdn::ref::recurrent_fwd (tests/cpu/forward_test.cc); benchmark: `gdn bench`.
 //
 // Per chunk of n <= C tokens, S = state entering the chunk (docs/math.md, section 3):
-//   chunk_pack   Q = scale * q (normalised), K, V, beta, g, G = cumsum(g), e^G
-//   chunk_kkt    [Q;K] K^T, then P = (Q K^T . Gamma) incl. diagonal and
-//                L = strict_lower(diag(beta) (K K^T . Gamma)), Gamma_ij = exp(G_i - G_j), i >= j,
-//                and e^(G_last - G)
+//   chunk_pack_qk  Q = scale * q (normalised), K, K^T                  once per key head
+//   chunk_gram     [Q;K] K^T (lower triangles)                         once per key head
+//   chunk_pack_v   V, beta, g, G = cumsum(g), e^G                      per value head
+//   chunk_kkt      P = (Q K^T . Gamma) incl. diagonal and
+//                  L = strict_lower(diag(beta) (K K^T . Gamma)), Gamma_ij = exp(G_i - G_j),
+//                  i >= j, and e^(G_last - G)
 //   solve_tril   A = (I + L)^-1 by forward substitution
 //   chunk_wy     X = [Q;K] S;  V_new = A diag(beta) (V - diag(e^G) K S)   (= U - W S)
 //   chunk_output O = diag(e^G) Q S + P V_new
@@ -23,11 +25,12 @@
 
 template <class Real>
 struct ChunkBuffers {
-  Real* state;
+  Real* states;  // head j's state at states + j * Dk * dvp
   Real* qk;
   Real* kt;
-  Real* v;
   Real* gram;
+  Real* v;
+  Real* pl;
   Real* a;
   Real* x;
   Real* vnew;
@@ -40,11 +43,12 @@ struct ChunkBuffers {
 
   ChunkBuffers(std::byte* workspace, const ChunkedLayout& l) {
     Real* w = reinterpret_cast<Real*>(workspace);
-    state = w + l.state;
+    states = w + l.states;
     qk = w + l.qk;
     kt = w + l.kt;
-    v = w + l.v;
     gram = w + l.gram;
+    v = w + l.v;
+    pl = w + l.pl;
     a = w + l.a;
     x = w + l.x;
     vnew = w + l.vnew;
@@ -57,31 +61,22 @@ struct ChunkBuffers {
   }
 };
 
-// Gathers the n tokens of the chunk starting at token t0: Q rows 0..n-1 (normalised and
-// scaled), K rows n..2n-1, K^T, V, beta, g, G and e^G. Padding is zero.
+// Gathers the q and k rows of the n tokens of the chunk starting at token t0 for key head hk:
+// Q rows 0..n-1 (normalised and scaled), K rows n..2n-1, and K^T. Padding is zero.
 template <class Real, class In>
-void chunk_pack(const detail::ForwardProblem& p, const detail::Sequence& seq, std::int64_t h,
-                std::int64_t t0, std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
-  const std::int64_t dk = p.shape.dk, dv = p.shape.dv;
-  const std::int64_t hk = h / p.group();
+void chunk_pack_qk(const detail::ForwardProblem& p, const detail::Sequence& seq, std::int64_t hk,
+                   std::int64_t t0, std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+  const std::int64_t dk = p.shape.dk;
   const Real scale = static_cast<Real>(p.scale);
   Real* q = b.qk;
   Real* k = b.qk + n * l.dkp;
-  Real running = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t t = t0 + i;
     pack_qk_row(q + i * l.dkp, token_at<In>(p.q, seq, t, hk), p.q.dim, dk, l.dkp, p.l2norm, scale);
     pack_qk_row(k + i * l.dkp, token_at<In>(p.k, seq, t, hk), p.k.dim, dk, l.dkp, p.l2norm, static_cast<Real>(1));
-    gather_row(b.v + i * l.dvp, token_at<In>(p.v, seq, t, h), p.v.dim, dv, l.dvp);
-    b.g[i] = static_cast<Real>(*token_at<In>(p.g, seq, t, h));
-    running += b.g[i];
-    b.G[i] = running;
-    b.beta[i] = static_cast<Real>(*token_at<In>(p.beta, seq, t, h));
   }
-  for (std::int64_t i = n; i < l.cp; ++i) b.g[i] = b.G[i] = b.beta[i] = 0;
-  exp_row(b.eG, b.G, l.cp);
   // K^T [Dk][cp], columns past n zero, by in-register block transposes (a scalar transpose
-  // took 2.4 of the 9.7 us this stage needs at C = 64, Dk = 128, float, AVX-512).
+  // took 2.4 of the 9.7 us the packing needed at C = 64, Dk = 128, float, AVX-512).
   constexpr int W = kLanes<Real>;
   for (std::int64_t i0 = 0; i0 < l.cp; i0 += W) {
     for (std::int64_t d0 = 0; d0 < l.dkp; d0 += W) {
@@ -93,15 +88,37 @@ void chunk_pack(const detail::ForwardProblem& p, const detail::Sequence& seq, st
   }
 }
 
-// gram = [Q;K] K^T (lower triangles only), then in place P (rows 0..n-1) and L (rows n..2n-1),
-// each a full padded row with zeros above the (strict) diagonal; then e^(G_last - G).
+// gram = [Q;K] K^T, lower triangles only (the rest of the tiles wholly above the diagonal is
+// left unwritten and never read unmasked).
 template <class Real>
-void chunk_kkt(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+void chunk_gram(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+  gemm<Real, false>(n, l.cp, dk, b.qk, l.dkp, 1, b.kt, l.cp, b.gram, l.cp, 1, kLowerC);
+  gemm<Real, false>(n, l.cp, dk, b.qk + n * l.dkp, l.dkp, 1, b.kt, l.cp, b.gram + n * l.cp, l.cp, 1,
+                    kLowerC);
+}
+
+// Gathers value head h's rows of the chunk: V, beta, g, G and e^G. Padding is zero.
+template <class Real, class In>
+void chunk_pack_v(const detail::ForwardProblem& p, const detail::Sequence& seq, std::int64_t h,
+                  std::int64_t t0, std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+  Real running = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t t = t0 + i;
+    gather_row(b.v + i * l.dvp, token_at<In>(p.v, seq, t, h), p.v.dim, p.shape.dv, l.dvp);
+    b.g[i] = static_cast<Real>(*token_at<In>(p.g, seq, t, h));
+    running += b.g[i];
+    b.G[i] = running;
+    b.beta[i] = static_cast<Real>(*token_at<In>(p.beta, seq, t, h));
+  }
+  for (std::int64_t i = n; i < l.cp; ++i) b.g[i] = b.G[i] = b.beta[i] = 0;
+  exp_row(b.eG, b.G, l.cp);
+}
+
+// From the raw gram, this head's P (rows 0..n-1) and L (rows n..2n-1) in pl, each a full
+// padded row with zeros above the (strict) diagonal; then e^(G_last - G).
+template <class Real>
+void chunk_kkt(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
   constexpr int W = kLanes<Real>;
-  Real* qkt = b.gram;
-  Real* kkt = b.gram + n * l.cp;
-  gemm<Real, false>(n, l.cp, dk, b.qk, l.dkp, 1, b.kt, l.cp, qkt, l.cp, 1, kLowerC);
-  gemm<Real, false>(n, l.cp, dk, b.qk + n * l.dkp, l.dkp, 1, b.kt, l.cp, kkt, l.cp, 1, kLowerC);
   const Vec<Real> lanes = lane_index<Real>();
   const Vec<Real> zero{};
   // diff holds row i of D: D_ij = g_(j+1) + ... + g_i for j < i, 0 at j = i, -inf past i.
@@ -111,14 +128,16 @@ void chunk_kkt(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuf
     b.diff[i] = 0;
     const Vec<Real> row_i = splat(static_cast<Real>(i));
     const Real beta_i = b.beta[i];
-    Real* prow = qkt + i * l.cp;
-    Real* lrow = kkt + i * l.cp;
+    const Real* qk_row = b.gram + i * l.cp;
+    const Real* kk_row = b.gram + (n + i) * l.cp;
+    Real* prow = b.pl + i * l.cp;
+    Real* lrow = b.pl + (n + i) * l.cp;
     const std::int64_t used = (i / W + 1) * W;  // vectors touching columns 0..i
     for (std::int64_t j = 0; j < used; j += W) {
       const Vec<Real> col = lanes + static_cast<Real>(j);
       const Vec<Real> gamma = vexp<Real>(load(b.diff + j));  // 0 past the diagonal
-      store(prow + j, col <= row_i ? load(prow + j) * gamma : zero);
-      store(lrow + j, col < row_i ? load(lrow + j) * gamma * beta_i : zero);
+      store(prow + j, col <= row_i ? load(qk_row + j) * gamma : zero);
+      store(lrow + j, col < row_i ? load(kk_row + j) * gamma * beta_i : zero);
     }
     for (std::int64_t j = used; j < l.cp; j += W) {
       store(prow + j, zero);
@@ -140,7 +159,7 @@ inline constexpr int kSolveBlock = 4;
 template <class Real>
 void solve_tril(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
   constexpr int W = kLanes<Real>;
-  const Real* lmat = b.gram + n * l.cp;
+  const Real* lmat = b.pl + n * l.cp;
   for (std::int64_t i = 0; i < n; ++i) {
     Real* row = b.a + i * l.cp;
     const Real* li = lmat + i * l.cp;
@@ -167,8 +186,9 @@ void solve_tril(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
 // X = [Q;K] S (rows 0..n-1: Q S, rows n..2n-1: K S); V <- R = diag(beta)(V - diag(e^G) K S);
 // V_new = A R.
 template <class Real>
-void chunk_wy(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
-  gemm<Real, false>(2 * n, l.dvp, dk, b.qk, l.dkp, 1, b.state, l.dvp, b.x, l.dvp);
+void chunk_wy(std::int64_t n, std::int64_t dk, const Real* state, const ChunkedLayout& l,
+              ChunkBuffers<Real>& b) {
+  gemm<Real, false>(2 * n, l.dvp, dk, b.qk, l.dkp, 1, state, l.dvp, b.x, l.dvp);
   const Real* ks = b.x + n * l.dvp;
   for (std::int64_t i = 0; i < n; ++i) {
     Real* r = b.v + i * l.dvp;
@@ -185,41 +205,54 @@ void chunk_wy(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuff
 template <class Real>
 void chunk_output(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
   for (std::int64_t i = 0; i < n; ++i) scale_row(b.x + i * l.dvp, l.dvp, b.eG[i]);
-  gemm<Real, true>(n, l.dvp, n, b.gram, l.cp, 1, b.vnew, l.dvp, b.x, l.dvp, 1, kLowerA);
+  gemm<Real, true>(n, l.dvp, n, b.pl, l.cp, 1, b.vnew, l.dvp, b.x, l.dvp, 1, kLowerA);
 }
 
 // S = e^(G_last) S + K^T diag(e^(G_last - G)) V_new  (V_new is scaled in place).
 template <class Real>
-void chunk_state(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+void chunk_state(std::int64_t n, std::int64_t dk, Real* state, const ChunkedLayout& l,
+                 ChunkBuffers<Real>& b) {
   for (std::int64_t i = 0; i < n; ++i) scale_row(b.vnew + i * l.dvp, l.dvp, b.decay_to_end[i]);
   const Real* k = b.qk + n * l.dkp;
   // A(i, p) = K[p][i]: a_row = 1, a_col = dkp.
-  gemm<Real, true>(dk, l.dvp, n, k, 1, l.dkp, b.vnew, l.dvp, b.state, l.dvp, b.eG[n - 1]);
+  gemm<Real, true>(dk, l.dvp, n, k, 1, l.dkp, b.vnew, l.dvp, state, l.dvp, b.eG[n - 1]);
 }
 
+// Value heads [h0, h0 + heads) of sequence s, all reading key head h0 / group.
 template <class Real>
-void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t h,
-                  std::byte* workspace) {
+void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t h0,
+                  std::int64_t heads, std::byte* workspace) {
   using In = Real;  // float32 inputs compute in float32, float64 inputs in float64
   const detail::Sequence& seq = p.seqs[s];
   const std::int64_t dk = p.shape.dk, dv = p.shape.dv, c = p.chunk_size;
-  const ChunkedLayout l = chunked_layout(dk, dv, c);
+  const ChunkedLayout l = chunked_layout(dk, dv, c, heads);
   ChunkBuffers<Real> b(workspace, l);
+  const std::int64_t state_size = dk * l.dvp;
 
-  load_matrix<Real, In>(b.state, dk, dv, l.dvp, p.initial_state, s, h);
+  for (std::int64_t j = 0; j < heads; ++j) {
+    load_matrix<Real, In>(b.states + j * state_size, dk, dv, l.dvp, p.initial_state, s, h0 + j);
+  }
   for (std::int64_t t0 = 0, chunk = seq.first_chunk; t0 < seq.length; t0 += c, ++chunk) {
     const std::int64_t n = min64(c, seq.length - t0);
-    store_matrix<Real>(p.chunk_states, chunk, h, b.state, dk, dv, l.dvp);
-    chunk_pack<Real, In>(p, seq, h, t0, n, l, b);
-    chunk_kkt(n, dk, l, b);
-    solve_tril(n, l, b);
-    store_t_inv<Real>(p.t_inv, chunk, h, b.a, n, c, l.cp);
-    chunk_wy(n, dk, l, b);
-    chunk_output(n, l, b);
-    for (std::int64_t i = 0; i < n; ++i) {
-      scatter_row(token_at<In>(p.o, seq, t0 + i, h), p.o.dim, b.x + i * l.dvp, dv);
+    chunk_pack_qk<Real, In>(p, seq, h0 / p.group(), t0, n, l, b);
+    chunk_gram(n, dk, l, b);
+    for (std::int64_t j = 0; j < heads; ++j) {
+      const std::int64_t h = h0 + j;
+      Real* state = b.states + j * state_size;
+      store_matrix<Real>(p.chunk_states, chunk, h, state, dk, dv, l.dvp);
+      chunk_pack_v<Real, In>(p, seq, h, t0, n, l, b);
+      chunk_kkt(n, l, b);
+      solve_tril(n, l, b);
+      store_t_inv<Real>(p.t_inv, chunk, h, b.a, n, c, l.cp);
+      chunk_wy(n, dk, state, l, b);
+      chunk_output(n, l, b);
+      for (std::int64_t i = 0; i < n; ++i) {
+        scatter_row(token_at<In>(p.o, seq, t0 + i, h), p.o.dim, b.x + i * l.dvp, dv);
+      }
+      chunk_state(n, dk, state, l, b);
     }
-    chunk_state(n, dk, l, b);
   }
-  store_matrix<In>(p.final_state, s, h, b.state, dk, dv, l.dvp);
+  for (std::int64_t j = 0; j < heads; ++j) {
+    store_matrix<In>(p.final_state, s, h0 + j, b.states + j * state_size, dk, dv, l.dvp);
+  }
 }

@@ -76,9 +76,9 @@ const KernelTable& kernel_table(CpuIsa isa) {
   return *table;
 }
 
-std::size_t forward_workspace_bytes(const detail::ForwardProblem& p) {
+std::size_t forward_workspace_bytes(const detail::ForwardProblem& p, std::int64_t heads) {
   const std::int64_t elem = static_cast<std::int64_t>(dtype_size(p.shape.compute_dtype));
-  const std::int64_t chunked = chunked_layout(p.shape.dk, p.shape.dv, p.chunk_size).total;
+  const std::int64_t chunked = chunked_layout(p.shape.dk, p.shape.dv, p.chunk_size, heads).total;
   const std::int64_t recurrent = recurrent_layout(p.shape.dk, p.shape.dv).total;
   return static_cast<std::size_t>((chunked > recurrent ? chunked : recurrent) * elem);
 }

@@ -3,7 +3,8 @@
 // Each variant is the same source (src/cpu/target-inl.h) compiled with its own flags into its
 // own namespace (target_generic.cc, target_avx2.cc, target_avx512.cc). The driver
 // (src/cpu/forward.cc) resolves the variant once per call and calls these function pointers
-// per (sequence, value head) work item; nothing below the table looks at dtype, ISA or flags.
+// per work item (a sequence and a group of value heads sharing a key head); nothing below the
+// table looks at dtype, ISA or flags.
 #pragma once
 
 #include <cstddef>
@@ -14,10 +15,11 @@
 
 namespace gdn::cpu {
 
-// One (sequence, value head) item of a forward problem; `workspace` holds at least
-// forward_workspace_bytes(problem) bytes, 64-byte aligned, owned by the calling thread.
+// One work item of a forward problem: sequence `seq`, value heads [head, head + heads), which
+// all read the same key head. `workspace` holds at least forward_workspace_bytes(problem,
+// heads) bytes, 64-byte aligned, owned by the calling thread.
 using ForwardItemFn = void (*)(const detail::ForwardProblem& problem, std::int64_t seq,
-                               std::int64_t head, std::byte* workspace);
+                               std::int64_t head, std::int64_t heads, std::byte* workspace);
 
 struct KernelTable {
   CpuIsa isa;
@@ -38,9 +40,10 @@ const KernelTable* kernels_avx512();  // null when not compiled in
 // The table of a resolved (non-automatic) variant; throws gdn::RuntimeError if unavailable.
 const KernelTable& kernel_table(CpuIsa isa);
 
-// Per-thread workspace of one forward item, for either algorithm, in bytes. The same for
-// every variant (buffers are padded to 16 elements, a multiple of every vector width).
-std::size_t forward_workspace_bytes(const detail::ForwardProblem& problem);
+// Per-thread workspace of one forward item of `heads` value heads, for either algorithm, in
+// bytes. The same for every variant (buffers are padded to 16 elements, a multiple of every
+// vector width).
+std::size_t forward_workspace_bytes(const detail::ForwardProblem& problem, std::int64_t heads);
 
 // fp32 FMA throughput of `threads` threads running the variant's peak loop, in GFLOP/s:
 // the best of a few short runs (about `seconds` in total).

@@ -49,7 +49,7 @@ inline void state_products(const Real* state, std::int64_t dk, std::int64_t dvp,
 }
 
 template <class Real>
-void recurrent_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t h,
+void recurrent_head(const detail::ForwardProblem& p, std::int64_t s, std::int64_t h,
                     std::byte* workspace) {
   using In = Real;
   constexpr int W = kLanes<Real>;
@@ -90,4 +90,12 @@ void recurrent_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_
     scatter_row(token_at<In>(p.o, seq, t, h), p.o.dim, qs, dv);
   }
   store_matrix<In>(p.final_state, s, h, state, dk, dv, l.dvp);
+}
+
+// Value heads [h0, h0 + heads) of sequence s, one after the other (each head's recurrence
+// shares nothing with the others but the q and k rows).
+template <class Real>
+void recurrent_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t h0,
+                    std::int64_t heads, std::byte* workspace) {
+  for (std::int64_t h = h0; h < h0 + heads; ++h) recurrent_head<Real>(p, s, h, workspace);
 }

@@ -5,7 +5,9 @@
 // Rows are padded to kPad elements (zeros in the padding) so that every row starts on a
 // vector boundary for every variant and dtype. Budget at C = 64, Dk = Dv = 128, float:
 // S 64 KiB + [Q;K] 64 KiB + K^T 32 KiB + V 32 KiB + gram 32 KiB + A 16 KiB + X 64 KiB +
-// V_new 32 KiB = 336 KiB: inside the 1 MiB L2 of a Zen 5 core, with S (64 KiB) the hot part.
+// V_new 32 KiB + P/L 32 KiB = 368 KiB for one value head, + 64 KiB per further head of the
+// item: 432 KiB at Qwen3-Next's 2 value heads per key head, inside the 1 MiB L2 of a Zen 5
+// core.
 #pragma once
 
 #include <cstddef>
@@ -18,14 +20,17 @@ inline constexpr std::int64_t kPad = 16;  // elements; 64 bytes of float
 static constexpr std::int64_t padded(std::int64_t n) { return (n + kPad - 1) / kPad * kPad; }
 
 // Offsets in elements of each buffer; every buffer starts on a 64-byte boundary because
-// every size is a multiple of kPad elements.
+// every size is a multiple of kPad elements. One item runs `heads` value heads that share a
+// key head: the q/k buffers and the raw [Q;K] K^T are shared, each head has its own state, and
+// the per-head temporaries are reused head after head.
 struct ChunkedLayout {
   std::int64_t dkp, dvp, cp;     // padded Dk, Dv, C
-  std::int64_t state;            // S      [Dk][dvp]
+  std::int64_t states;           // S of each head  [heads][Dk][dvp]
   std::int64_t qk;               // [Q;K]  [2C][dkp]: Q (scaled) in rows 0..n-1, K in n..2n-1
   std::int64_t kt;               // K^T    [Dk][cp]
+  std::int64_t gram;             // [Q;K] K^T, lower triangles  [2C][cp]
   std::int64_t v;                // V, then R = diag(beta)(V - diag(e^G) K S)   [C][dvp]
-  std::int64_t gram;             // [Q;K] K^T, then P (rows 0..n-1) and L (n..2n-1)  [2C][cp]
+  std::int64_t pl;               // P (rows 0..n-1) and L (rows n..2n-1)  [2C][cp]
   std::int64_t a;                // A = T^-1 [C][cp]
   std::int64_t x;                // [Q;K] S, then O in rows 0..n-1   [2C][dvp]
   std::int64_t vnew;             // V_new  [C][dvp]
@@ -33,17 +38,19 @@ struct ChunkedLayout {
   std::int64_t total;
 };
 
-static constexpr ChunkedLayout chunked_layout(std::int64_t dk, std::int64_t dv, std::int64_t c) {
+static constexpr ChunkedLayout chunked_layout(std::int64_t dk, std::int64_t dv, std::int64_t c,
+                                              std::int64_t heads) {
   ChunkedLayout l{};
   l.dkp = padded(dk);
   l.dvp = padded(dv);
   l.cp = padded(c);
   std::int64_t at = 0;
-  l.state = at;   at += dk * l.dvp;
+  l.states = at;  at += heads * dk * l.dvp;
   l.qk = at;      at += 2 * c * l.dkp;
   l.kt = at;      at += dk * l.cp;
-  l.v = at;       at += c * l.dvp;
   l.gram = at;    at += 2 * c * l.cp;
+  l.v = at;       at += c * l.dvp;
+  l.pl = at;      at += 2 * c * l.cp;
   l.a = at;       at += c * l.cp;
   l.x = at;       at += 2 * c * l.dvp;
   l.vnew = at;    at += c * l.dvp;

@@ -450,6 +450,9 @@ TEST(CpuForward, ContinuationEqualsOneCall) {
   }
 }
 
+// Also covers the grouping of value heads into work items, which follows the thread count:
+// here (r = 3 value heads per key head, 10 (sequence, key head) pairs) 1 to 3 threads run the
+// 3 value heads of a key head in one item, 7 threads run one value head per item.
 TEST(CpuForward, BitIdenticalForAnyThreadCount) {
   ProblemSpec spec;
   spec.lengths = {200, 3, 0, 90, 64};

@@ -16,8 +16,8 @@ namespace {
 using test::make_problem;
 using test::ProblemSpec;
 
-// The chunked float64 form reassociates the recurrence; in float64 the two agree to a few
-// hundred ulps of the output scale (measured: 1e-15 to 1e-14 over this matrix).
+// The chunked float64 form reassociates the recurrence; in float64 the two agree to within
+// a thousand ulps of the output scale (measured: 0 to 1.4e-13 over this matrix).
 constexpr double kChunkedVsRecurrent = 1e-12;
 
 // Both reference forms, allocating.
