@@ -72,8 +72,8 @@ ErrorStats error_stats(std::int64_t count, X&& x_at, Ref&& ref_at) {
 
 template <class T, class U>
 ErrorStats error_stats(const T* x, const U* ref, std::int64_t count) {
-  return error_stats(count, [x](std::int64_t i) { return x[i]; },
-                     [ref](std::int64_t i) { return ref[i]; });
+  return error_stats(
+      count, [x](std::int64_t i) { return x[i]; }, [ref](std::int64_t i) { return ref[i]; });
 }
 
 }  // namespace gdn::bench

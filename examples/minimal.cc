@@ -24,9 +24,10 @@ int main() {
 
   // Allocating form; chunk_gated_delta_rule_fwd(in, outputs, options) writes into your buffers.
   gdn::ForwardResult r = gdn::chunk_gated_delta_rule_fwd(in, options);
-  std::printf("o[0, 0, 0] = %f; final states %lld x %lld x %lld x %lld\n", r.o.data<float>()[0],
-              static_cast<long long>(r.final_state.size(0)), static_cast<long long>(r.final_state.size(1)),
-              static_cast<long long>(r.final_state.size(2)), static_cast<long long>(r.final_state.size(3)));
+  std::printf(
+      "o[0, 0, 0] = %f; final states %lld x %lld x %lld x %lld\n", r.o.data<float>()[0],
+      static_cast<long long>(r.final_state.size(0)), static_cast<long long>(r.final_state.size(1)),
+      static_cast<long long>(r.final_state.size(2)), static_cast<long long>(r.final_state.size(3)));
 
   // The float64 reference (the token recurrence) of the same call.
   gdn::ForwardResult ref = gdn::ref::recurrent_fwd(in, options);

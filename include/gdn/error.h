@@ -3,7 +3,8 @@
 // Bad input throws gdn::InvalidArgument (a std::invalid_argument) before anything is
 // written: no output, state or residual buffer is touched by a call that throws. The message
 // names the argument, what was expected and what was given, e.g.
-//   gdn: argument 'v': expected shape [T, Hv, Dv] with T = 100 (the tokens of q), given [99, 32, 128]
+//   gdn: argument 'v': expected shape [T, Hv, Dv] with T = 100 (the tokens of q), given [99, 32,
+//   128]
 // Failures that are not the caller's fault (allocation, an ISA the CPU lacks when forced
 // through the environment) throw gdn::RuntimeError (a std::runtime_error).
 #pragma once

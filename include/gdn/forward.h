@@ -73,13 +73,13 @@ struct ForwardOutputs {
 // The shapes a forward call implies, for allocating its outputs. Validates the inputs and
 // options (throws gdn::InvalidArgument like the op itself).
 struct ForwardShape {
-  std::int64_t batch = 0;         // B of the batched layout, 0 for the packed layout
-  std::int64_t tokens = 0;        // T (per sequence when batched)
-  std::int64_t num_seqs = 0;      // N
+  std::int64_t batch = 0;     // B of the batched layout, 0 for the packed layout
+  std::int64_t tokens = 0;    // T (per sequence when batched)
+  std::int64_t num_seqs = 0;  // N
   std::int64_t hk = 0, hv = 0, dk = 0, dv = 0;
-  std::int64_t chunk_size = 0;    // C
-  std::int64_t total_chunks = 0;  // sum over sequences of ceil(len / C)
-  DType dtype = DType::f32;       // of the inputs, o and final_state
+  std::int64_t chunk_size = 0;       // C
+  std::int64_t total_chunks = 0;     // sum over sequences of ceil(len / C)
+  DType dtype = DType::f32;          // of the inputs, o and final_state
   DType compute_dtype = DType::f32;  // of the state, the accumulation and the residuals
 
   int o_rank() const { return batch > 0 ? 4 : 3; }

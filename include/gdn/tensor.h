@@ -24,11 +24,24 @@ const char* dtype_name(DType dtype);
 // Bytes per element.
 std::size_t dtype_size(DType dtype);
 
-template <class T> struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
-template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::i32; };
-template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::i64; };
+template <class T>
+struct DTypeOf;
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct DTypeOf<std::int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct DTypeOf<std::int64_t> {
+  static constexpr DType value = DType::i64;
+};
 
 inline constexpr int kMaxRank = 4;
 using Dims = std::array<std::int64_t, kMaxRank>;
@@ -42,9 +55,9 @@ template <class Pointer>
 struct BasicTensorView {
   Pointer data = nullptr;
   DType dtype = DType::f32;
-  int rank = 0;          // 0: absent
-  Dims sizes{};          // sizes[0..rank)
-  Dims strides{};        // in elements; any value, negative and zero included (inputs)
+  int rank = 0;    // 0: absent
+  Dims sizes{};    // sizes[0..rank)
+  Dims strides{};  // in elements; any value, negative and zero included (inputs)
 
   BasicTensorView() = default;
 
@@ -71,11 +84,13 @@ struct BasicTensorView {
                   const Dims& view_strides)
       : data(ptr), dtype(type), rank(view_rank), sizes(view_sizes), strides(view_strides) {}
 
-  template <class Other,
-            class = std::enable_if_t<std::is_same_v<Pointer, const void*> &&
-                                     std::is_same_v<Other, void*>>>
+  template <class Other, class = std::enable_if_t<std::is_same_v<Pointer, const void*> &&
+                                                  std::is_same_v<Other, void*>>>
   BasicTensorView(const BasicTensorView<Other>& other)  // NOLINT: intended conversion
-      : data(other.data), dtype(other.dtype), rank(other.rank), sizes(other.sizes),
+      : data(other.data),
+        dtype(other.dtype),
+        rank(other.rank),
+        sizes(other.sizes),
         strides(other.strides) {}
 
   bool present() const { return rank > 0; }
@@ -116,8 +131,13 @@ class Tensor {
 
   void* raw() { return storage_.get(); }
   const void* raw() const { return storage_.get(); }
-  template <class T> T* data() { check_type(DTypeOf<T>::value); return static_cast<T*>(raw()); }
-  template <class T> const T* data() const {
+  template <class T>
+  T* data() {
+    check_type(DTypeOf<T>::value);
+    return static_cast<T*>(raw());
+  }
+  template <class T>
+  const T* data() const {
     check_type(DTypeOf<T>::value);
     return static_cast<const T*>(raw());
   }
@@ -126,7 +146,9 @@ class Tensor {
   MutableTensorView mutable_view();
 
  private:
-  struct Free { void operator()(std::byte* p) const; };
+  struct Free {
+    void operator()(std::byte* p) const;
+  };
   void check_type(DType requested) const;
 
   DType dtype_ = DType::f32;

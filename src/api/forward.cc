@@ -56,12 +56,12 @@ ForwardOutputs outputs_of(ForwardResult& r) {
 
 }  // namespace detail
 
-ForwardResult chunk_gated_delta_rule_fwd(const ForwardInputs& inputs,
-                                         const ForwardOptions& options, Residuals residuals) {
+ForwardResult chunk_gated_delta_rule_fwd(const ForwardInputs& inputs, const ForwardOptions& options,
+                                         Residuals residuals) {
   const ForwardShape shape = forward_shape(inputs, options);
   const bool t_inv = options.algorithm != Algorithm::recurrent;
-  ForwardResult r = detail::allocate_forward_result(shape, shape.dtype, shape.compute_dtype,
-                                                    residuals, t_inv);
+  ForwardResult r =
+      detail::allocate_forward_result(shape, shape.dtype, shape.compute_dtype, residuals, t_inv);
   chunk_gated_delta_rule_fwd(inputs, detail::outputs_of(r), options);
   return r;
 }

@@ -43,9 +43,7 @@ struct MatrixTensor {
   DType dtype = DType::f32;
   std::int64_t outer = 0, head = 0, row = 0, col = 0;
 
-  std::int64_t offset(std::int64_t index, std::int64_t h) const {
-    return index * outer + h * head;
-  }
+  std::int64_t offset(std::int64_t index, std::int64_t h) const { return index * outer + h * head; }
 };
 
 struct ForwardProblem {
@@ -65,9 +63,7 @@ struct ForwardProblem {
   MatrixTensor<std::byte*> final_state, chunk_states, t_inv;
 
   std::int64_t group() const { return shape.hv / shape.hk; }  // value heads per key head
-  bool wants_residuals() const {
-    return chunk_states.data != nullptr || t_inv.data != nullptr;
-  }
+  bool wants_residuals() const { return chunk_states.data != nullptr || t_inv.data != nullptr; }
 };
 
 }  // namespace gdn::detail

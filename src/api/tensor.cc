@@ -12,24 +12,36 @@ namespace gdn {
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
   }
   return "unknown";
 }
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 2;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
   }
   return 0;
 }
@@ -79,8 +91,8 @@ template struct BasicTensorView<const void*>;
 template struct BasicTensorView<void*>;
 
 InvalidArgument::InvalidArgument(std::string argument, std::string expected, std::string given)
-    : std::invalid_argument("gdn: argument '" + argument + "': expected " + expected +
-                            ", given " + given),
+    : std::invalid_argument("gdn: argument '" + argument + "': expected " + expected + ", given " +
+                            given),
       argument_(std::move(argument)),
       expected_(std::move(expected)),
       given_(std::move(given)) {}
@@ -97,17 +109,20 @@ Tensor::Tensor(DType dtype, std::initializer_list<std::int64_t> shape) : dtype_(
   *this = Tensor(dtype, rank, sizes);
 }
 
-Tensor::Tensor(DType dtype, int rank, const Dims& sizes) : dtype_(dtype), rank_(rank), sizes_(sizes) {
+Tensor::Tensor(DType dtype, int rank, const Dims& sizes)
+    : dtype_(dtype), rank_(rank), sizes_(sizes) {
   if (rank < 1 || rank > kMaxRank) {
     throw InvalidArgument("rank", "1 to 4", std::to_string(rank));
   }
   for (int i = 0; i < rank; ++i) {
-    if (sizes[i] < 0) throw InvalidArgument("shape", "non-negative sizes", shape_string(rank, sizes));
+    if (sizes[i] < 0)
+      throw InvalidArgument("shape", "non-negative sizes", shape_string(rank, sizes));
   }
   // Round up to a whole cache line; at least one line so that data() is never null.
   const std::size_t bytes = ((this->bytes() + 63) / 64 + 1) * 64;
   void* p = std::aligned_alloc(64, bytes);
-  if (p == nullptr) throw RuntimeError("out of memory allocating " + std::to_string(bytes) + " bytes");
+  if (p == nullptr)
+    throw RuntimeError("out of memory allocating " + std::to_string(bytes) + " bytes");
   std::memset(p, 0, bytes);
   storage_.reset(static_cast<std::byte*>(p));
 }
@@ -121,7 +136,8 @@ std::int64_t Tensor::numel() const {
 
 void Tensor::check_type(DType requested) const {
   if (requested != dtype_) {
-    throw InvalidArgument("Tensor::data<T>", std::string("T matching the tensor dtype ") + dtype_name(dtype_),
+    throw InvalidArgument("Tensor::data<T>",
+                          std::string("T matching the tensor dtype ") + dtype_name(dtype_),
                           dtype_name(requested));
   }
 }

@@ -47,13 +47,12 @@ void check_extent(const char* name, const View& view) {
     std::int64_t stride = view.strides[i] < 0 ? -view.strides[i] : view.strides[i];
     if (__builtin_mul_overflow(view.sizes[i] - 1, stride, &step) ||
         __builtin_add_overflow(reach, step, &reach)) {
-      fail(name, "element offsets that fit in int64", "sizes " + shape_of(view) + " with strides " +
-                                                         shape_string(view.rank, view.strides));
+      fail(name, "element offsets that fit in int64",
+           "sizes " + shape_of(view) + " with strides " + shape_string(view.rank, view.strides));
     }
   }
   if (view.data == nullptr) {
-    fail(name, "a non-null data pointer for " + std::to_string(view.numel()) + " elements",
-         "null");
+    fail(name, "a non-null data pointer for " + std::to_string(view.numel()) + " elements", "null");
   }
 }
 
@@ -101,7 +100,9 @@ Span span_of(const View& view) {
 // must step over everything the smaller dimensions span.
 template <class View>
 bool elements_distinct(const View& view) {
-  struct Dim { std::int64_t size, stride; };
+  struct Dim {
+    std::int64_t size, stride;
+  };
   Dim dims[kMaxRank];
   int n = 0;
   for (int i = 0; i < view.rank; ++i) {
@@ -201,8 +202,9 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
 
   const TensorView& v = in.v;
   if (v.rank != q.rank) {
-    fail("v", std::string("rank ") + std::to_string(q.rank) + " (that of q): " +
-                  (batched ? "[B, T, Hv, Dv]" : "[T, Hv, Dv]"),
+    fail("v",
+         std::string("rank ") + std::to_string(q.rank) +
+             " (that of q): " + (batched ? "[B, T, Hv, Dv]" : "[T, Hv, Dv]"),
          "rank " + std::to_string(v.rank) + " " + shape_of(v));
   }
   check_extent("v", v);
@@ -210,8 +212,9 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
   shape.hv = v.sizes[lead + 1];
   shape.dv = v.sizes[lead + 2];
   if ((batched && v.sizes[0] != shape.batch) || v.sizes[lead] != shape.tokens) {
-    fail("v", std::string("the leading ") + (batched ? "[B, T]" : "[T]") + " of q, " +
-                  (batched ? dims_string({shape.batch, shape.tokens}) : dims_string({shape.tokens})),
+    fail("v",
+         std::string("the leading ") + (batched ? "[B, T]" : "[T]") + " of q, " +
+             (batched ? dims_string({shape.batch, shape.tokens}) : dims_string({shape.tokens})),
          shape_of(v));
   }
   if (shape.hv < 1 || shape.hv % shape.hk != 0) {
@@ -283,15 +286,13 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
     }
     const std::int64_t last = values[n * stride];
     if (last != shape.tokens) {
-      fail("cu_seqlens",
-           "cu_seqlens[N] = T = " + std::to_string(shape.tokens) + " (tokens of q)",
+      fail("cu_seqlens", "cu_seqlens[N] = T = " + std::to_string(shape.tokens) + " (tokens of q)",
            "cu_seqlens[" + std::to_string(n) + "] = " + std::to_string(last));
     }
   }
   shape.num_seqs = static_cast<std::int64_t>(seqs.size());
   shape.chunk_size = chunk;
-  shape.total_chunks =
-      seqs.empty() ? 0 : seqs.back().first_chunk + chunks_of(seqs.back().length);
+  shape.total_chunks = seqs.empty() ? 0 : seqs.back().first_chunk + chunks_of(seqs.back().length);
 
   if (in.initial_state.present()) {
     expect_shape("initial_state", in.initial_state, 4, shape.state_sizes(), "[N, Hv, Dk, Dv]");
@@ -327,7 +328,8 @@ void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
                                   ? " (reference outputs are float64)"
                                   : " (the compute dtype of these inputs)";
 
-  if (!out.o.present()) fail("o", "an output view " + shape_string(shape.o_rank(), shape.o_sizes()), "absent");
+  if (!out.o.present())
+    fail("o", "an output view " + shape_string(shape.o_rank(), shape.o_sizes()), "absent");
   expect_shape("o", out.o, shape.o_rank(), shape.o_sizes(),
                batched ? "[B, T, Hv, Dv]" : "[T, Hv, Dv]");
   expect_dtype("o", out.o, out_dtype, why_out);
@@ -345,7 +347,8 @@ void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
   }
   if (out.t_inv.present()) {
     if (options.algorithm == Algorithm::recurrent) {
-      fail("t_inv", "absent with options.algorithm = recurrent (the token recurrence forms no T^-1)",
+      fail("t_inv",
+           "absent with options.algorithm = recurrent (the token recurrence forms no T^-1)",
            shape_of(out.t_inv));
     }
     expect_shape("t_inv", out.t_inv, 4, shape.t_inv_sizes(), "[total_chunks, Hv, C, C]");
@@ -359,18 +362,19 @@ void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
       {"final_state", &out.final_state},
       {"chunk_states", &out.chunk_states},
       {"t_inv", &out.t_inv}};
-  const std::pair<const char*, const TensorView*> inputs[] = {
-      {"q", &in.q},       {"k", &in.k},
-      {"v", &in.v},       {"g", &in.g},
-      {"beta", &in.beta}, {"initial_state", &in.initial_state},
-      {"cu_seqlens", &in.cu_seqlens}};
+  const std::pair<const char*, const TensorView*> inputs[] = {{"q", &in.q},
+                                                              {"k", &in.k},
+                                                              {"v", &in.v},
+                                                              {"g", &in.g},
+                                                              {"beta", &in.beta},
+                                                              {"initial_state", &in.initial_state},
+                                                              {"cu_seqlens", &in.cu_seqlens}};
   for (std::size_t i = 0; i < std::size(outputs); ++i) {
     const auto& [name, view] = outputs[i];
     if (!view->present()) continue;
     if (!elements_distinct(*view)) {
       fail(name, "strides that give every element its own address",
-           "sizes " + shape_of(*view) + " with strides " +
-               shape_string(view->rank, view->strides));
+           "sizes " + shape_of(*view) + " with strides " + shape_string(view->rank, view->strides));
     }
     const Span span = span_of(*view);
     for (std::size_t j = i + 1; j < std::size(outputs); ++j) {
@@ -381,8 +385,8 @@ void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
     }
     for (const auto& [input_name, input] : inputs) {
       if (!input->present() || !span.overlaps(span_of(*input))) continue;
-      const bool in_place = view == &out.final_state && input == &in.initial_state &&
-                            same_view(*input, *view);
+      const bool in_place =
+          view == &out.final_state && input == &in.initial_state && same_view(*input, *view);
       if (!in_place) {
         fail(name,
              std::string("memory that does not overlap the input '") + input_name + "'" +

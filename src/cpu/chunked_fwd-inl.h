@@ -73,7 +73,8 @@ void chunk_pack_qk(const detail::ForwardProblem& p, const detail::Sequence& seq,
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t t = t0 + i;
     pack_qk_row(q + i * l.dkp, token_at<In>(p.q, seq, t, hk), p.q.dim, dk, l.dkp, p.l2norm, scale);
-    pack_qk_row(k + i * l.dkp, token_at<In>(p.k, seq, t, hk), p.k.dim, dk, l.dkp, p.l2norm, static_cast<Real>(1));
+    pack_qk_row(k + i * l.dkp, token_at<In>(p.k, seq, t, hk), p.k.dim, dk, l.dkp, p.l2norm,
+                static_cast<Real>(1));
   }
   // K^T [Dk][cp], columns past n zero, by in-register block transposes (a scalar transpose
   // took 2.4 of the 9.7 us the packing needed at C = 64, Dk = 128, float, AVX-512).
@@ -81,7 +82,8 @@ void chunk_pack_qk(const detail::ForwardProblem& p, const detail::Sequence& seq,
   for (std::int64_t i0 = 0; i0 < l.cp; i0 += W) {
     for (std::int64_t d0 = 0; d0 < l.dkp; d0 += W) {
       Vec<Real> rows[W];
-      for (int r = 0; r < W; ++r) rows[r] = i0 + r < n ? load(k + (i0 + r) * l.dkp + d0) : Vec<Real>{};
+      for (int r = 0; r < W; ++r)
+        rows[r] = i0 + r < n ? load(k + (i0 + r) * l.dkp + d0) : Vec<Real>{};
       transpose_block<Real>(rows);
       for (int r = 0; r < W && d0 + r < dk; ++r) store(b.kt + (d0 + r) * l.cp + i0, rows[r]);
     }

@@ -44,10 +44,14 @@ bool cpu_supports(CpuIsa isa) {
 
 const KernelTable* compiled_table(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::generic: return kernels_generic();
-    case CpuIsa::avx2: return kernels_avx2();
-    case CpuIsa::avx512: return kernels_avx512();
-    case CpuIsa::automatic: return nullptr;
+    case CpuIsa::generic:
+      return kernels_generic();
+    case CpuIsa::avx2:
+      return kernels_avx2();
+    case CpuIsa::avx512:
+      return kernels_avx512();
+    case CpuIsa::automatic:
+      return nullptr;
   }
   return nullptr;
 }
@@ -63,7 +67,8 @@ CpuIsa environment_isa() {
       if (std::strcmp(value, cpu_isa_name(candidate)) == 0) return candidate;
     }
     throw RuntimeError(std::string("environment variable GDN_CPU_ISA: expected automatic, "
-                                   "generic, avx2 or avx512, given '") + value + "'");
+                                   "generic, avx2 or avx512, given '") +
+                       value + "'");
   }();
   return isa;
 }
@@ -116,10 +121,14 @@ double measure_fma_peak_gflops(CpuIsa isa, int threads, double seconds) {
 
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::automatic: return "automatic";
-    case CpuIsa::generic: return "generic";
-    case CpuIsa::avx2: return "avx2";
-    case CpuIsa::avx512: return "avx512";
+    case CpuIsa::automatic:
+      return "automatic";
+    case CpuIsa::generic:
+      return "generic";
+    case CpuIsa::avx2:
+      return "avx2";
+    case CpuIsa::avx512:
+      return "avx512";
   }
   return "unknown";
 }

@@ -27,7 +27,9 @@ using Buffer = std::unique_ptr<std::byte[], FreeDeleter>;
 Buffer allocate(std::size_t bytes) {
   bytes = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes);
-  if (p == nullptr) throw RuntimeError("out of memory allocating a workspace of " + std::to_string(bytes) + " bytes");
+  if (p == nullptr)
+    throw RuntimeError("out of memory allocating a workspace of " + std::to_string(bytes) +
+                       " bytes");
   return Buffer(static_cast<std::byte*>(p));
 }
 

@@ -53,9 +53,9 @@ inline void gemm_tile(std::int64_t kdim, const Real* a, std::int64_t a_row, std:
 
 // Picks the tile for a remainder of mr <= MR rows and nv <= NV vectors.
 template <class Real, int MR, int NV, bool Accumulate>
-inline void gemm_tile_dispatch(int mr, int nv, std::int64_t kdim, const Real* a,
-                               std::int64_t a_row, std::int64_t a_col, const Real* b,
-                               std::int64_t ldb, Real* c, std::int64_t ldc, Real c_scale) {
+inline void gemm_tile_dispatch(int mr, int nv, std::int64_t kdim, const Real* a, std::int64_t a_row,
+                               std::int64_t a_col, const Real* b, std::int64_t ldb, Real* c,
+                               std::int64_t ldc, Real c_scale) {
   if constexpr (MR > 1) {
     if (mr < MR) {
       gemm_tile_dispatch<Real, MR - 1, NV, Accumulate>(mr, nv, kdim, a, a_row, a_col, b, ldb, c,

@@ -43,7 +43,8 @@ inline void load_matrix(Real* s, std::int64_t rows, std::int64_t cols, std::int6
     return;
   }
   const In* base = matrix_at<In>(src, index, h);
-  for (std::int64_t r = 0; r < rows; ++r) gather_row(s + r * ld, base + r * src.row, src.col, cols, ld);
+  for (std::int64_t r = 0; r < rows; ++r)
+    gather_row(s + r * ld, base + r * src.row, src.col, cols, ld);
 }
 
 // The (index, head) matrix of `dst` = S[0..rows)[0..cols); absent dst: nothing.
@@ -53,7 +54,8 @@ inline void store_matrix(const detail::MatrixTensor<std::byte*>& dst, std::int64
                          std::int64_t ld) {
   if (dst.data == nullptr) return;
   Out* base = matrix_at<Out>(dst, index, h);
-  for (std::int64_t r = 0; r < rows; ++r) scatter_row(base + r * dst.row, dst.col, s + r * ld, cols);
+  for (std::int64_t r = 0; r < rows; ++r)
+    scatter_row(base + r * dst.row, dst.col, s + r * ld, cols);
 }
 
 // t_inv block of one chunk: A's top-left n x n, zeros in the rest of the C x C block.
@@ -95,7 +97,8 @@ inline void pack_qk_row(Real* dst, const In* src, std::int64_t stride, std::int6
                         std::int64_t padded_n, bool l2norm, Real scale) {
   constexpr int W = kLanes<Real>;
   if (__is_same(Real, In) && stride == 1 && n % W == 0) {
-    for (std::int64_t j = 0; j < n; j += W) store(dst + j, load(reinterpret_cast<const Real*>(src) + j));
+    for (std::int64_t j = 0; j < n; j += W)
+      store(dst + j, load(reinterpret_cast<const Real*>(src) + j));
     for (std::int64_t j = n; j < padded_n; j += W) store(dst + j, Vec<Real>{});
   } else {
     gather_row(dst, src, stride, n, padded_n);

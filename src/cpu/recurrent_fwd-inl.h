@@ -68,11 +68,14 @@ void recurrent_head(const detail::ForwardProblem& p, std::int64_t s, std::int64_
 
   load_matrix<Real, In>(state, dk, dv, l.dvp, p.initial_state, s, h);
   for (std::int64_t t = 0; t < seq.length; ++t) {
-    if (t % c == 0) store_matrix<Real>(p.chunk_states, seq.first_chunk + t / c, h, state, dk, dv, l.dvp);
+    if (t % c == 0)
+      store_matrix<Real>(p.chunk_states, seq.first_chunk + t / c, h, state, dk, dv, l.dvp);
     pack_qk_row(q, token_at<In>(p.q, seq, t, hk), p.q.dim, dk, l.dkp, p.l2norm, scale);
-    pack_qk_row(k, token_at<In>(p.k, seq, t, hk), p.k.dim, dk, l.dkp, p.l2norm, static_cast<Real>(1));
+    pack_qk_row(k, token_at<In>(p.k, seq, t, hk), p.k.dim, dk, l.dkp, p.l2norm,
+                static_cast<Real>(1));
     gather_row(v, token_at<In>(p.v, seq, t, h), p.v.dim, dv, l.dvp);
-    const Real alpha = static_cast<Real>(__builtin_exp(static_cast<double>(*token_at<In>(p.g, seq, t, h))));
+    const Real alpha =
+        static_cast<Real>(__builtin_exp(static_cast<double>(*token_at<In>(p.g, seq, t, h))));
     const Real beta = static_cast<Real>(*token_at<In>(p.beta, seq, t, h));
 
     state_products(state, dk, l.dvp, k, q, ks, qs);
@@ -85,7 +88,8 @@ void recurrent_head(const detail::ForwardProblem& p, std::int64_t s, std::int64_
     for (std::int64_t r = 0; r < dk; ++r) {
       Real* row = state + r * l.dvp;
       const Real kr = k[r];
-      for (std::int64_t j = 0; j < l.dvp; j += W) store(row + j, load(row + j) * alpha + load(v + j) * kr);
+      for (std::int64_t j = 0; j < l.dvp; j += W)
+        store(row + j, load(row + j) * alpha + load(v + j) * kr);
     }
     scatter_row(token_at<In>(p.o, seq, t, h), p.o.dim, qs, dv);
   }

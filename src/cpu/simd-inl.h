@@ -6,42 +6,57 @@
 // used here: this code is compiled once per ISA flag set, and a library template instantiated
 // under AVX-512 flags could be picked by the linker for a generic caller.
 
-template <class Real> struct Simd;
-template <> struct Simd<float> {
+template <class Real>
+struct Simd;
+template <>
+struct Simd<float> {
   typedef float V __attribute__((vector_size(GDN_VECTOR_BYTES)));
   typedef std::int32_t I __attribute__((vector_size(GDN_VECTOR_BYTES)));
   static constexpr int kLanes = GDN_VECTOR_BYTES / 4;
 };
-template <> struct Simd<double> {
+template <>
+struct Simd<double> {
   typedef double V __attribute__((vector_size(GDN_VECTOR_BYTES)));
   typedef std::int64_t I __attribute__((vector_size(GDN_VECTOR_BYTES)));
   static constexpr int kLanes = GDN_VECTOR_BYTES / 8;
 };
-template <class Real> using Vec = typename Simd<Real>::V;
-template <class Real> using IVec = typename Simd<Real>::I;
-template <class Real> inline constexpr int kLanes = Simd<Real>::kLanes;
+template <class Real>
+using Vec = typename Simd<Real>::V;
+template <class Real>
+using IVec = typename Simd<Real>::I;
+template <class Real>
+inline constexpr int kLanes = Simd<Real>::kLanes;
 static_assert(kPad % Simd<float>::kLanes == 0 && kPad % Simd<double>::kLanes == 0,
               "rows are padded to a whole number of vectors");
 
 inline std::int64_t min64(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 
-template <class Real> inline Vec<Real> load(const Real* p) {
+template <class Real>
+inline Vec<Real> load(const Real* p) {
   Vec<Real> v;
   __builtin_memcpy(&v, p, sizeof v);
   return v;
 }
-template <class Real> inline void store(Real* p, Vec<Real> v) { __builtin_memcpy(p, &v, sizeof v); }
-template <class Real> inline Vec<Real> splat(Real x) { return Vec<Real>{} + x; }
+template <class Real>
+inline void store(Real* p, Vec<Real> v) {
+  __builtin_memcpy(p, &v, sizeof v);
+}
+template <class Real>
+inline Vec<Real> splat(Real x) {
+  return Vec<Real>{} + x;
+}
 
 // Lane indices 0, 1, 2, ... as Real.
-template <class Real> inline Vec<Real> lane_index() {
+template <class Real>
+inline Vec<Real> lane_index() {
   Vec<Real> v;
   for (int i = 0; i < kLanes<Real>; ++i) v[i] = static_cast<Real>(i);
   return v;
 }
 
 // Sum of the lanes in a fixed order (results must not depend on anything but the inputs).
-template <class Real> inline Real reduce_add(Vec<Real> v) {
+template <class Real>
+inline Real reduce_add(Vec<Real> v) {
   Real s = 0;
   for (int i = 0; i < kLanes<Real>; ++i) s += v[i];
   return s;
@@ -53,8 +68,10 @@ template <class Real> inline Real reduce_add(Vec<Real> v) {
 // Results below the smallest normal number (x < -87.3 float, -708.3 double) are flushed to 0:
 // subnormal decay factors change nothing above 1e-38 but make every later product slow.
 // -inf gives 0, +inf gives inf, NaN gives NaN. Branch-free and deterministic.
-template <class Real> struct ExpConstants;
-template <> struct ExpConstants<float> {
+template <class Real>
+struct ExpConstants;
+template <>
+struct ExpConstants<float> {
   static constexpr float kLo = -104.0f, kHi = 89.0f;
   static constexpr float kFlush = -87.33654f;  // ln(FLT_MIN)
   static constexpr float kLog2e = 1.44269504088896341f;
@@ -63,7 +80,8 @@ template <> struct ExpConstants<float> {
   static constexpr int kDegree = 7;
   static constexpr int kMantissa = 23, kBias = 127;
 };
-template <> struct ExpConstants<double> {
+template <>
+struct ExpConstants<double> {
   static constexpr double kLo = -746.0, kHi = 710.0;
   static constexpr double kFlush = -708.3964185322641;  // ln(DBL_MIN)
   static constexpr double kLog2e = 1.44269504088896338700;
@@ -73,7 +91,8 @@ template <> struct ExpConstants<double> {
   static constexpr int kMantissa = 52, kBias = 1023;
 };
 
-template <class Real, int Degree> struct TaylorCoefficients {
+template <class Real, int Degree>
+struct TaylorCoefficients {
   Real value[Degree + 1] = {};
   constexpr TaylorCoefficients() {
     Real factorial = 1;
@@ -85,7 +104,8 @@ template <class Real, int Degree> struct TaylorCoefficients {
   }
 };
 
-template <class Real> inline Vec<Real> vexp(Vec<Real> x) {
+template <class Real>
+inline Vec<Real> vexp(Vec<Real> x) {
   using K = ExpConstants<Real>;
   using I = IVec<Real>;
   const Vec<Real> lo = splat<Real>(K::kLo), hi = splat<Real>(K::kHi);
@@ -134,22 +154,27 @@ inline void transpose_block(Vec<Real>* rows) {
 }
 
 // Row helpers over n elements, n a multiple of the lane count (padded rows).
-template <class Real> inline void fill(Real* y, std::int64_t n, Real value) {
+template <class Real>
+inline void fill(Real* y, std::int64_t n, Real value) {
   for (std::int64_t j = 0; j < n; j += kLanes<Real>) store(y + j, splat(value));
 }
-template <class Real> inline void scale_row(Real* y, std::int64_t n, Real a) {
+template <class Real>
+inline void scale_row(Real* y, std::int64_t n, Real a) {
   for (std::int64_t j = 0; j < n; j += kLanes<Real>) store(y + j, load(y + j) * a);
 }
 // y -= a * x
-template <class Real> inline void sub_scaled(Real* y, const Real* x, std::int64_t n, Real a) {
+template <class Real>
+inline void sub_scaled(Real* y, const Real* x, std::int64_t n, Real a) {
   for (std::int64_t j = 0; j < n; j += kLanes<Real>) store(y + j, load(y + j) - a * load(x + j));
 }
-template <class Real> inline Real dot(const Real* x, const Real* y, std::int64_t n) {
+template <class Real>
+inline Real dot(const Real* x, const Real* y, std::int64_t n) {
   Vec<Real> acc{};
   for (std::int64_t j = 0; j < n; j += kLanes<Real>) acc += load(x + j) * load(y + j);
   return reduce_add<Real>(acc);
 }
 // y[j] = exp(x[j]) for n elements.
-template <class Real> inline void exp_row(Real* y, const Real* x, std::int64_t n) {
+template <class Real>
+inline void exp_row(Real* y, const Real* x, std::int64_t n) {
   for (std::int64_t j = 0; j < n; j += kLanes<Real>) store(y + j, vexp<Real>(load(x + j)));
 }

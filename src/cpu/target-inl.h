@@ -20,11 +20,14 @@
 namespace gdn::cpu::GDN_TARGET {
 namespace {
 
+// In dependency order (each uses the ones above it).
+// clang-format off
 #include "cpu/simd-inl.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/io-inl.h"
 #include "cpu/chunked_fwd-inl.h"
 #include "cpu/recurrent_fwd-inl.h"
+// clang-format on
 
 // kChains independent FMA chains: enough to cover the FMA latency (4 cycles) times the FMA
 // ports (2) of current x86 cores with room to spare.
@@ -50,7 +53,7 @@ constexpr KernelTable kTable = {
     &chunked_item<double>,
     &recurrent_item<double>,
     &fma_peak_loop,
-    2 * kChains * kLanes<float>,
+    2 * kChains* kLanes<float>,
 };
 
 }  // namespace

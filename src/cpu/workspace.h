@@ -24,17 +24,17 @@ static constexpr std::int64_t padded(std::int64_t n) { return (n + kPad - 1) / k
 // key head: the q/k buffers and the raw [Q;K] K^T are shared, each head has its own state, and
 // the per-head temporaries are reused head after head.
 struct ChunkedLayout {
-  std::int64_t dkp, dvp, cp;     // padded Dk, Dv, C
-  std::int64_t states;           // S of each head  [heads][Dk][dvp]
-  std::int64_t qk;               // [Q;K]  [2C][dkp]: Q (scaled) in rows 0..n-1, K in n..2n-1
-  std::int64_t kt;               // K^T    [Dk][cp]
-  std::int64_t gram;             // [Q;K] K^T, lower triangles  [2C][cp]
-  std::int64_t v;                // V, then R = diag(beta)(V - diag(e^G) K S)   [C][dvp]
-  std::int64_t pl;               // P (rows 0..n-1) and L (rows n..2n-1)  [2C][cp]
-  std::int64_t a;                // A = T^-1 [C][cp]
-  std::int64_t x;                // [Q;K] S, then O in rows 0..n-1   [2C][dvp]
-  std::int64_t vnew;             // V_new  [C][dvp]
-  std::int64_t vectors;          // g, G, e^G, beta, e^(G_last - G), D: 6 x [cp]
+  std::int64_t dkp, dvp, cp;  // padded Dk, Dv, C
+  std::int64_t states;        // S of each head  [heads][Dk][dvp]
+  std::int64_t qk;            // [Q;K]  [2C][dkp]: Q (scaled) in rows 0..n-1, K in n..2n-1
+  std::int64_t kt;            // K^T    [Dk][cp]
+  std::int64_t gram;          // [Q;K] K^T, lower triangles  [2C][cp]
+  std::int64_t v;             // V, then R = diag(beta)(V - diag(e^G) K S)   [C][dvp]
+  std::int64_t pl;            // P (rows 0..n-1) and L (rows n..2n-1)  [2C][cp]
+  std::int64_t a;             // A = T^-1 [C][cp]
+  std::int64_t x;             // [Q;K] S, then O in rows 0..n-1   [2C][dvp]
+  std::int64_t vnew;          // V_new  [C][dvp]
+  std::int64_t vectors;       // g, G, e^G, beta, e^(G_last - G), D: 6 x [cp]
   std::int64_t total;
 };
 
@@ -45,24 +45,34 @@ static constexpr ChunkedLayout chunked_layout(std::int64_t dk, std::int64_t dv, 
   l.dvp = padded(dv);
   l.cp = padded(c);
   std::int64_t at = 0;
-  l.states = at;  at += heads * dk * l.dvp;
-  l.qk = at;      at += 2 * c * l.dkp;
-  l.kt = at;      at += dk * l.cp;
-  l.gram = at;    at += 2 * c * l.cp;
-  l.v = at;       at += c * l.dvp;
-  l.pl = at;      at += 2 * c * l.cp;
-  l.a = at;       at += c * l.cp;
-  l.x = at;       at += 2 * c * l.dvp;
-  l.vnew = at;    at += c * l.dvp;
-  l.vectors = at; at += 6 * l.cp;
+  l.states = at;
+  at += heads * dk * l.dvp;
+  l.qk = at;
+  at += 2 * c * l.dkp;
+  l.kt = at;
+  at += dk * l.cp;
+  l.gram = at;
+  at += 2 * c * l.cp;
+  l.v = at;
+  at += c * l.dvp;
+  l.pl = at;
+  at += 2 * c * l.cp;
+  l.a = at;
+  at += c * l.cp;
+  l.x = at;
+  at += 2 * c * l.dvp;
+  l.vnew = at;
+  at += c * l.dvp;
+  l.vectors = at;
+  at += 6 * l.cp;
   l.total = padded(at);
   return l;
 }
 
 struct RecurrentLayout {
   std::int64_t dkp, dvp;
-  std::int64_t state;  // S [Dk][dvp]
-  std::int64_t q, k;   // [dkp] each
+  std::int64_t state;      // S [Dk][dvp]
+  std::int64_t q, k;       // [dkp] each
   std::int64_t v, ks, qs;  // [dvp] each: v, then u; S^T k; S^T q, then o
   std::int64_t total;
 };
@@ -72,12 +82,18 @@ static constexpr RecurrentLayout recurrent_layout(std::int64_t dk, std::int64_t 
   l.dkp = padded(dk);
   l.dvp = padded(dv);
   std::int64_t at = 0;
-  l.state = at; at += dk * l.dvp;
-  l.q = at;     at += l.dkp;
-  l.k = at;     at += l.dkp;
-  l.v = at;     at += l.dvp;
-  l.ks = at;    at += l.dvp;
-  l.qs = at;    at += l.dvp;
+  l.state = at;
+  at += dk * l.dvp;
+  l.q = at;
+  at += l.dkp;
+  l.k = at;
+  at += l.dkp;
+  l.v = at;
+  at += l.dvp;
+  l.ks = at;
+  at += l.dvp;
+  l.qs = at;
+  at += l.dvp;
   l.total = padded(at);
   return l;
 }

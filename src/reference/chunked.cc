@@ -3,7 +3,6 @@
 // T, its own forward substitution, explicit U and W.
 #include <vector>
 
-#include "api/validate.h"
 #include "gdn/reference.h"
 #include "reference/reference.h"
 
@@ -123,20 +122,14 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
 
 void chunked_fwd(const ForwardInputs& inputs, const ForwardOutputs& outputs,
                  const ForwardOptions& options) {
-  ForwardOptions opts = options;
-  opts.algorithm = Algorithm::chunked;
-  detail::ValidatedForward validated;
-  detail::validate_forward(inputs, outputs, opts, detail::OutputPrecision::float64, &validated);
-  const detail::ForwardProblem& p = validated.problem;
-  for_each_item(p, [&p](std::int64_t s, std::int64_t h) { chunked_item(p, s, h); });
+  run_reference(inputs, outputs, options, Algorithm::chunked, &chunked_item);
 }
 
 ForwardResult chunked_fwd(const ForwardInputs& inputs, const ForwardOptions& options,
                           Residuals residuals) {
-  const ForwardShape shape = forward_shape(inputs, options);
-  ForwardResult r = detail::allocate_forward_result(shape, DType::f64, DType::f64, residuals, true);
-  chunked_fwd(inputs, detail::outputs_of(r), options);
-  return r;
+  return run_reference_allocating(inputs, options, residuals, true,
+                                  [](const ForwardInputs& in, const ForwardOutputs& out,
+                                     const ForwardOptions& o) { chunked_fwd(in, out, o); });
 }
 
 }  // namespace gdn::ref

@@ -3,7 +3,6 @@
 // Plain loops, no reassociation tricks: this is what every fast path answers to.
 #include <vector>
 
-#include "api/validate.h"
 #include "gdn/reference.h"
 #include "reference/reference.h"
 
@@ -54,21 +53,15 @@ void recurrent_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_
 
 void recurrent_fwd(const ForwardInputs& inputs, const ForwardOutputs& outputs,
                    const ForwardOptions& options) {
-  ForwardOptions opts = options;
-  opts.algorithm = Algorithm::recurrent;  // rejects a t_inv output with a clear message
-  detail::ValidatedForward validated;
-  detail::validate_forward(inputs, outputs, opts, detail::OutputPrecision::float64, &validated);
-  const detail::ForwardProblem& p = validated.problem;
-  for_each_item(p, [&p](std::int64_t s, std::int64_t h) { recurrent_item(p, s, h); });
+  // the recurrent form forms no T^-1: a t_inv output is rejected with a clear message
+  run_reference(inputs, outputs, options, Algorithm::recurrent, &recurrent_item);
 }
 
 ForwardResult recurrent_fwd(const ForwardInputs& inputs, const ForwardOptions& options,
                             Residuals residuals) {
-  const ForwardShape shape = forward_shape(inputs, options);
-  ForwardResult r =
-      detail::allocate_forward_result(shape, DType::f64, DType::f64, residuals, false);
-  recurrent_fwd(inputs, detail::outputs_of(r), options);
-  return r;
+  return run_reference_allocating(inputs, options, residuals, false,
+                                  [](const ForwardInputs& in, const ForwardOutputs& out,
+                                     const ForwardOptions& o) { recurrent_fwd(in, out, o); });
 }
 
 }  // namespace gdn::ref

@@ -10,6 +10,7 @@
 #endif
 
 #include "api/problem.h"
+#include "api/validate.h"
 #include "gdn/forward.h"
 
 namespace gdn {
@@ -35,8 +36,8 @@ inline void read_row(const detail::TokenTensor<const std::byte*>& x, const detai
   for (std::int64_t j = 0; j < n; ++j) out[j] = read_real(x.data, x.dtype, base + j * x.dim);
 }
 
-inline double read_scalar(const detail::TokenTensor<const std::byte*>& x,
-                          const detail::Sequence& s, std::int64_t t, std::int64_t h) {
+inline double read_scalar(const detail::TokenTensor<const std::byte*>& x, const detail::Sequence& s,
+                          std::int64_t t, std::int64_t h) {
   return read_real(x.data, x.dtype, x.offset(s, t, h));
 }
 
@@ -60,9 +61,9 @@ inline void read_matrix(const detail::MatrixTensor<const std::byte*>& m, std::in
                         std::int64_t h, std::int64_t rows, std::int64_t cols, double* out) {
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < cols; ++c) {
-      out[r * cols + c] = m.data == nullptr
-                              ? 0.0
-                              : read_real(m.data, m.dtype, m.offset(index, h) + r * m.row + c * m.col);
+      out[r * cols + c] = m.data == nullptr ? 0.0
+                                            : read_real(m.data, m.dtype,
+                                                        m.offset(index, h) + r * m.row + c * m.col);
     }
   }
 }
@@ -87,9 +88,33 @@ void for_each_item(const detail::ForwardProblem& p, Fn&& fn) {
   const std::int64_t items = p.shape.num_seqs * p.shape.hv;
 #ifdef _OPENMP
   const int threads = p.threads > 0 ? p.threads : 0;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads > 0 ? threads : omp_get_max_threads())
+#pragma omp parallel for schedule(dynamic, 1) \
+    num_threads(threads > 0 ? threads : omp_get_max_threads())
 #endif
   for (std::int64_t item = 0; item < items; ++item) fn(item / p.shape.hv, item % p.shape.hv);
+}
+
+// A reference entry point: validate (float64 outputs; `algorithm` decides whether a t_inv
+// output is accepted), then item(problem, s, h) for every (sequence, value head).
+template <class Item>
+void run_reference(const ForwardInputs& inputs, const ForwardOutputs& outputs,
+                   ForwardOptions options, Algorithm algorithm, Item item) {
+  options.algorithm = algorithm;
+  detail::ValidatedForward validated;
+  detail::validate_forward(inputs, outputs, options, detail::OutputPrecision::float64, &validated);
+  const detail::ForwardProblem& p = validated.problem;
+  for_each_item(p, [&p, &item](std::int64_t s, std::int64_t h) { item(p, s, h); });
+}
+
+// The allocating form of a reference entry point.
+template <class Fn>
+ForwardResult run_reference_allocating(const ForwardInputs& inputs, const ForwardOptions& options,
+                                       Residuals residuals, bool t_inv, Fn fn) {
+  const ForwardShape shape = forward_shape(inputs, options);
+  ForwardResult r =
+      detail::allocate_forward_result(shape, DType::f64, DType::f64, residuals, t_inv);
+  fn(inputs, detail::outputs_of(r), options);
+  return r;
 }
 
 }  // namespace ref

@@ -70,21 +70,25 @@ void expect_invalid(const std::string& argument, const std::vector<std::string>&
         Tensor o64(DType::f64, 3, s.o.sizes()), ht64(DType::f64, 4, s.ht.sizes());
         out64.o = o64.mutable_view();
         out64.final_state = ht64.mutable_view();
-        if (argument == "o" || argument == "final_state" || argument == "chunk_states" || argument == "t_inv") {
+        if (argument == "o" || argument == "final_state" || argument == "chunk_states" ||
+            argument == "t_inv") {
           continue;  // output checks differ for the reference (f64 outputs)
         }
         ref::recurrent_fwd(s.in, out64, s.options);
       }
-      ADD_FAILURE() << "no error for a bad '" << argument << "' (" << (which ? "reference" : "cpu") << ")";
+      ADD_FAILURE() << "no error for a bad '" << argument << "' (" << (which ? "reference" : "cpu")
+                    << ")";
     } catch (const InvalidArgument& e) {
       EXPECT_EQ(e.argument(), argument) << e.what();
       const std::string what = e.what();
       EXPECT_NE(what.find("argument '" + argument + "'"), std::string::npos) << what;
       EXPECT_NE(what.find("expected"), std::string::npos) << what;
       EXPECT_NE(what.find("given"), std::string::npos) << what;
-      for (const std::string& f : fragments) EXPECT_NE(what.find(f), std::string::npos) << "'" << f << "' not in: " << what;
+      for (const std::string& f : fragments)
+        EXPECT_NE(what.find(f), std::string::npos) << "'" << f << "' not in: " << what;
     }
-    EXPECT_TRUE(s.outputs_untouched()) << "an output was written before the '" << argument << "' error";
+    EXPECT_TRUE(s.outputs_untouched())
+        << "an output was written before the '" << argument << "' error";
   }
 }
 
@@ -104,7 +108,8 @@ TEST(Validation, Q) {
 }
 
 TEST(Validation, KAndV) {
-  expect_invalid("k", {"equal to q", "[70, 2, 16]", "[70, 2, 8]"}, [](Fixture& s) { s.in.k.sizes[2] = 8; });
+  expect_invalid("k", {"equal to q", "[70, 2, 16]", "[70, 2, 8]"},
+                 [](Fixture& s) { s.in.k.sizes[2] = 8; });
   expect_invalid("k", {"f32", "f64"}, [](Fixture& s) { s.in.k.dtype = DType::f64; });
   expect_invalid("v", {"multiple of Hk = 2", "Hv = 3"}, [](Fixture& s) { s.in.v.sizes[1] = 3; });
   expect_invalid("v", {"[70]", "[69, 4, 8]"}, [](Fixture& s) { s.in.v.sizes[0] = 69; });
@@ -128,17 +133,22 @@ TEST(Validation, CuSeqlens) {
     };
   };
   expect_invalid("cu_seqlens", {"cu_seqlens[0] = 0", "5"}, with({5, 40, 70}));
-  expect_invalid("cu_seqlens", {"non-decreasing", "cu_seqlens[2] = 30 < cu_seqlens[1] = 40"}, with({0, 40, 30, 70}));
+  expect_invalid("cu_seqlens", {"non-decreasing", "cu_seqlens[2] = 30 < cu_seqlens[1] = 40"},
+                 with({0, 40, 30, 70}));
   expect_invalid("cu_seqlens", {"cu_seqlens[N] = T = 70", "68"}, with({0, 40, 68}));
   expect_invalid("cu_seqlens", {"values <= T = 70", "90"}, with({0, 90, 70}));
   expect_invalid("cu_seqlens", {"N >= 1", "[1]"}, with({0}));
-  expect_invalid("cu_seqlens", {"i64", "i32"}, [](Fixture& s) { s.in.cu_seqlens.dtype = DType::i32; });
+  expect_invalid("cu_seqlens", {"i64", "i32"},
+                 [](Fixture& s) { s.in.cu_seqlens.dtype = DType::i32; });
 }
 
 TEST(Validation, Options) {
-  expect_invalid("options.chunk_size", {"[1, 256]", "0"}, [](Fixture& s) { s.options.chunk_size = 0; });
-  expect_invalid("options.chunk_size", {"[1, 256]", "512"}, [](Fixture& s) { s.options.chunk_size = 512; });
-  expect_invalid("options.scale", {"finite", "nan"}, [](Fixture& s) { s.options.scale = std::nan(""); });
+  expect_invalid("options.chunk_size", {"[1, 256]", "0"},
+                 [](Fixture& s) { s.options.chunk_size = 0; });
+  expect_invalid("options.chunk_size", {"[1, 256]", "512"},
+                 [](Fixture& s) { s.options.chunk_size = 512; });
+  expect_invalid("options.scale", {"finite", "nan"},
+                 [](Fixture& s) { s.options.scale = std::nan(""); });
   expect_invalid("options.threads", {">= 0", "-2"}, [](Fixture& s) { s.options.threads = -2; });
 }
 
@@ -146,20 +156,22 @@ TEST(Validation, Outputs) {
   expect_invalid("o", {"absent"}, [](Fixture& s) { s.out.o = {}; });
   expect_invalid("o", {"[T, Hv, Dv]", "[70, 4, 8]"}, [](Fixture& s) { s.out.o.sizes[1] = 5; });
   expect_invalid("o", {"dtype f32", "f64"}, [](Fixture& s) { s.out.o.dtype = DType::f64; });
-  expect_invalid("final_state", {"[N, Hv, Dk, Dv]"}, [](Fixture& s) { s.out.final_state.sizes[3] = 9; });
+  expect_invalid("final_state", {"[N, Hv, Dk, Dv]"},
+                 [](Fixture& s) { s.out.final_state.sizes[3] = 9; });
   expect_invalid("chunk_states", {"[total_chunks, Hv, Dk, Dv]", "[5, 4, 16, 8]"},
                  [](Fixture& s) { s.out.chunk_states.sizes[0] = 4; });
   expect_invalid("t_inv", {"[total_chunks, Hv, C, C]", "[5, 4, 16, 16]", "[5, 4, 16, 8]"},
                  [](Fixture& s) { s.out.t_inv.sizes[3] = 8; });
-  expect_invalid("t_inv", {"recurrent"}, [](Fixture& s) { s.options.algorithm = Algorithm::recurrent; });
+  expect_invalid("t_inv", {"recurrent"},
+                 [](Fixture& s) { s.options.algorithm = Algorithm::recurrent; });
   expect_invalid("o", {"own address"}, [](Fixture& s) { s.out.o.strides[1] = 0; });
 }
 
 TEST(Validation, Aliasing) {
-  expect_invalid("o", {"does not overlap the input 'v'"}, [](Fixture& s) {
-    s.out.o.data = const_cast<void*>(s.in.v.data);
-  });
-  expect_invalid("o", {"does not overlap 'final_state'"}, [](Fixture& s) { s.out.final_state.data = s.out.o.data; });
+  expect_invalid("o", {"does not overlap the input 'v'"},
+                 [](Fixture& s) { s.out.o.data = const_cast<void*>(s.in.v.data); });
+  expect_invalid("o", {"does not overlap 'final_state'"},
+                 [](Fixture& s) { s.out.final_state.data = s.out.o.data; });
   expect_invalid("final_state", {"exactly the view of initial_state"}, [](Fixture& s) {
     // Overlapping initial_state but not the same view: shifted by one element (the tensor's
     // allocation is padded to whole cache lines, and nothing is written on error anyway).

@@ -29,9 +29,21 @@ std::string ProblemSpec::name() const {
   s << "lengths [";
   for (std::size_t i = 0; i < lengths.size(); ++i) s << (i ? ", " : "") << lengths[i];
   s << "] Hk=" << hk << " Hv=" << hv << " Dk=" << dk << " Dv=" << dv << " " << dtype_name(dtype)
-    << (initial_state ? " h0" : "") << (l2norm ? " l2norm" : "") << " g in [" << g_lo << ", " << g_hi
-    << "] beta in [" << beta_lo << ", " << beta_hi << "]" << (batched ? " batched" : "") << " seed " << seed;
+    << (initial_state ? " h0" : "") << (l2norm ? " l2norm" : "") << " g in [" << g_lo << ", "
+    << g_hi << "] beta in [" << beta_lo << ", " << beta_hi << "]" << (batched ? " batched" : "")
+    << " seed " << seed;
   return s.str();
+}
+
+ProblemSpec spec_for(const Shape& shape, DType dtype) {
+  ProblemSpec spec;
+  spec.lengths = shape.lengths;
+  spec.hk = shape.hk;
+  spec.hv = shape.hv;
+  spec.dk = shape.dk;
+  spec.dv = shape.dv;
+  spec.dtype = dtype;
+  return spec;
 }
 
 namespace {
@@ -90,7 +102,8 @@ Problem make_problem(const ProblemSpec& spec) {
   }
   for (std::int64_t i = 0; i < p.v.numel(); ++i) set(p.v, i, rng.normal());
   for (std::int64_t i = 0; i < p.g.numel(); ++i) set(p.g, i, rng.uniform(spec.g_lo, spec.g_hi));
-  for (std::int64_t i = 0; i < p.beta.numel(); ++i) set(p.beta, i, rng.uniform(spec.beta_lo, spec.beta_hi));
+  for (std::int64_t i = 0; i < p.beta.numel(); ++i)
+    set(p.beta, i, rng.uniform(spec.beta_lo, spec.beta_hi));
   if (spec.initial_state) {
     p.h0 = Tensor(dt, {n, spec.hv, spec.dk, spec.dv});
     for (std::int64_t i = 0; i < p.h0.numel(); ++i) set(p.h0, i, 0.5 * rng.normal());
@@ -129,7 +142,9 @@ void baseline_run(const Problem& p, const ForwardOptions& options, ForwardResult
     const std::int64_t len = s.lengths[seq];
     for (std::int64_t h = 0; h < s.hv; ++h) {
       for (std::int64_t i = 0; i < dk * dv; ++i) {
-        state[i] = p.h0.present() ? static_cast<float>(p.h0.data<In>()[(seq * s.hv + h) * dk * dv + i]) : 0.0f;
+        state[i] = p.h0.present()
+                       ? static_cast<float>(p.h0.data<In>()[(seq * s.hv + h) * dk * dv + i])
+                       : 0.0f;
       }
       for (std::int64_t t = start; t < start + len; ++t) {
         const std::int64_t hk = h / group;
@@ -153,7 +168,8 @@ void baseline_run(const Problem& p, const ForwardOptions& options, ForwardResult
           u[j] = b * (static_cast<float>(v[(t * s.hv + h) * dv + j]) - alpha * sk);
         }
         for (std::int64_t d = 0; d < dk; ++d) {
-          for (std::int64_t j = 0; j < dv; ++j) state[d * dv + j] = alpha * state[d * dv + j] + kt[d] * u[j];
+          for (std::int64_t j = 0; j < dv; ++j)
+            state[d * dv + j] = alpha * state[d * dv + j] + kt[d] * u[j];
         }
         for (std::int64_t j = 0; j < dv; ++j) {
           float sq = 0;

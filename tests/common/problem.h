@@ -15,14 +15,21 @@ struct ProblemSpec {
   std::int64_t hk = 2, hv = 2, dk = 32, dv = 32;
   DType dtype = DType::f32;
   bool initial_state = false;
-  bool l2norm = false;     // inputs are raw (normalised in the kernel); else unit-norm q and k
+  bool l2norm = false;  // inputs are raw (normalised in the kernel); else unit-norm q and k
   double g_lo = -1.0, g_hi = 0.0;  // g ~ uniform [g_lo, g_hi]
   double beta_lo = 0.0, beta_hi = 1.0;
-  bool batched = false;    // [B, T, ...] layout (all lengths equal), no cu_seqlens
+  bool batched = false;  // [B, T, ...] layout (all lengths equal), no cu_seqlens
   std::uint64_t seed = 1;
 
   std::string name() const;  // for test failure messages
 };
+
+// The shape part of a spec, for parameterised tests.
+struct Shape {
+  std::vector<std::int64_t> lengths;
+  std::int64_t hk, hv, dk, dv;
+};
+ProblemSpec spec_for(const Shape& shape, DType dtype = DType::f32);
 
 struct Problem {
   ProblemSpec spec;

@@ -39,7 +39,9 @@ std::vector<CpuIsa> compiled_isas() {
 }
 
 const char* algorithm_name(Algorithm a) {
-  return a == Algorithm::chunked ? "chunked" : a == Algorithm::recurrent ? "recurrent" : "automatic";
+  return a == Algorithm::chunked     ? "chunked"
+         : a == Algorithm::recurrent ? "recurrent"
+                                     : "automatic";
 }
 
 std::string variant(CpuIsa isa, Algorithm a) {
@@ -55,22 +57,13 @@ TEST(CpuForward, GenericVariantIsAlwaysAvailable) {
 // Against the reference over the case matrix of spec section 8.
 // ---------------------------------------------------------------------------------------------
 
-struct Shape {
-  std::vector<std::int64_t> lengths;
-  std::int64_t hk, hv, dk, dv;
-};
+using test::Shape;
 
-class MatchesReference
-    : public ::testing::TestWithParam<std::tuple<Shape, double, bool, bool>> {};
+class MatchesReference : public ::testing::TestWithParam<std::tuple<Shape, double, bool, bool>> {};
 
 TEST_P(MatchesReference, Float32) {
   const auto& [shape, g_lo, h0, l2norm] = GetParam();
-  ProblemSpec spec;
-  spec.lengths = shape.lengths;
-  spec.hk = shape.hk;
-  spec.hv = shape.hv;
-  spec.dk = shape.dk;
-  spec.dv = shape.dv;
+  ProblemSpec spec = test::spec_for(shape);
   spec.g_lo = g_lo;
   spec.initial_state = h0;
   spec.l2norm = l2norm;
@@ -79,7 +72,8 @@ TEST_P(MatchesReference, Float32) {
   const ForwardResult ref = ref::recurrent_fwd(p.inputs(), options);
   const ForwardResult base = test::baseline_f32(p, options);
   const double tol_o = f32_tolerance(test::compare(base.o, ref.o).normalized());
-  const double tol_ht = f32_tolerance(test::compare(base.final_state, ref.final_state).normalized());
+  const double tol_ht =
+      f32_tolerance(test::compare(base.final_state, ref.final_state).normalized());
   for (CpuIsa isa : compiled_isas()) {
     for (Algorithm algorithm : {Algorithm::chunked, Algorithm::recurrent, Algorithm::automatic}) {
       ForwardOptions o = options;
@@ -95,16 +89,10 @@ TEST_P(MatchesReference, Float32) {
 
 TEST_P(MatchesReference, Float64) {
   const auto& [shape, g_lo, h0, l2norm] = GetParam();
-  ProblemSpec spec;
-  spec.lengths = shape.lengths;
-  spec.hk = shape.hk;
-  spec.hv = shape.hv;
-  spec.dk = shape.dk;
-  spec.dv = shape.dv;
+  ProblemSpec spec = test::spec_for(shape, DType::f64);
   spec.g_lo = g_lo;
   spec.initial_state = h0;
   spec.l2norm = l2norm;
-  spec.dtype = DType::f64;
   const Problem p = make_problem(spec);
   const ForwardResult ref = ref::recurrent_fwd(p.inputs(), p.options());
   for (CpuIsa isa : compiled_isas()) {
@@ -116,7 +104,8 @@ TEST_P(MatchesReference, Float64) {
       ASSERT_EQ(r.o.dtype(), DType::f64);
       const std::string what = variant(isa, algorithm) + ", " + spec.name();
       EXPECT_TRUE(test::within(r.o, ref.o, kF64Tolerance, "o, " + what));
-      EXPECT_TRUE(test::within(r.final_state, ref.final_state, kF64Tolerance, "final_state, " + what));
+      EXPECT_TRUE(
+          test::within(r.final_state, ref.final_state, kF64Tolerance, "final_state, " + what));
     }
   }
 }
@@ -124,19 +113,19 @@ TEST_P(MatchesReference, Float64) {
 INSTANTIATE_TEST_SUITE_P(
     Spec8, MatchesReference,
     ::testing::Combine(
-        ::testing::Values(Shape{{1}, 2, 2, 32, 32},             // one token
-                          Shape{{63}, 1, 2, 64, 32},            // C - 1, Hv = 2 Hk, Dk != Dv
-                          Shape{{64}, 2, 4, 32, 48},            // C, Hv = 2 Hk
-                          Shape{{65}, 1, 4, 48, 64},            // C + 1, Hv = 4 Hk
-                          Shape{{127}, 2, 2, 128, 128},         // 2C - 1, the model's head dims
-                          Shape{{1000}, 1, 2, 64, 96},          // many chunks
+        ::testing::Values(Shape{{1}, 2, 2, 32, 32},      // one token
+                          Shape{{63}, 1, 2, 64, 32},     // C - 1, Hv = 2 Hk, Dk != Dv
+                          Shape{{64}, 2, 4, 32, 48},     // C, Hv = 2 Hk
+                          Shape{{65}, 1, 4, 48, 64},     // C + 1, Hv = 4 Hk
+                          Shape{{127}, 2, 2, 128, 128},  // 2C - 1, the model's head dims
+                          Shape{{1000}, 1, 2, 64, 96},   // many chunks
                           Shape{{200, 0, 63, 1, 129}, 2, 4, 40, 24},  // packed, a zero-length one
-                          Shape{{70}, 3, 3, 17, 5},             // odd heads and dims
-                          Shape{{65}, 1, 1, 256, 256},          // the largest head dims
-                          Shape{{50}, 1, 1, 1, 1}),             // the smallest
-        ::testing::Values(-1.0, -20.0),                         // g in [g_lo, 0]
-        ::testing::Bool(),                                      // initial state
-        ::testing::Bool()));                                    // L2 norm in the kernel
+                          Shape{{70}, 3, 3, 17, 5},                   // odd heads and dims
+                          Shape{{65}, 1, 1, 256, 256},                // the largest head dims
+                          Shape{{50}, 1, 1, 1, 1}),                   // the smallest
+        ::testing::Values(-1.0, -20.0),                               // g in [g_lo, 0]
+        ::testing::Bool(),                                            // initial state
+        ::testing::Bool()));                                          // L2 norm in the kernel
 
 // Chunk sizes other than 64, including ones that are not a multiple of the vector width.
 TEST(CpuForward, ChunkSizes) {
@@ -159,7 +148,8 @@ TEST(CpuForward, ChunkSizes) {
       o.isa = isa;
       o.algorithm = Algorithm::chunked;
       const ForwardResult r = chunk_gated_delta_rule_fwd(p.inputs(), o);
-      EXPECT_TRUE(test::within(r.o, ref.o, tol, "chunk " + std::to_string(chunk) + ", " + cpu_isa_name(isa)));
+      EXPECT_TRUE(test::within(r.o, ref.o, tol,
+                               "chunk " + std::to_string(chunk) + ", " + cpu_isa_name(isa)));
     }
   }
 }
@@ -184,7 +174,8 @@ TEST(CpuForward, ExtremeDecayStaysFinite) {
     o.isa = isa;
     o.algorithm = Algorithm::chunked;
     const ForwardResult r = chunk_gated_delta_rule_fwd(p.inputs(), o);
-    for (std::int64_t i = 0; i < r.o.numel(); ++i) ASSERT_TRUE(std::isfinite(r.o.data<float>()[i])) << i;
+    for (std::int64_t i = 0; i < r.o.numel(); ++i)
+      ASSERT_TRUE(std::isfinite(r.o.data<float>()[i])) << i;
     EXPECT_TRUE(test::within(r.o, ref.o, f32_tolerance(test::compare(base.o, ref.o).normalized()),
                              std::string("o, ") + cpu_isa_name(isa)));
   }
@@ -206,9 +197,11 @@ TEST(CpuForward, LongSequenceDoesNotDrift) {
   ForwardOptions o = p.options();
   o.algorithm = Algorithm::chunked;
   const ForwardResult r = chunk_gated_delta_rule_fwd(p.inputs(), o);
-  EXPECT_TRUE(test::within(r.o, ref.o, f32_tolerance(test::compare(base.o, ref.o).normalized()), "o"));
-  EXPECT_TRUE(test::within(r.final_state, ref.final_state,
-                           f32_tolerance(test::compare(base.final_state, ref.final_state).normalized()), "ht"));
+  EXPECT_TRUE(
+      test::within(r.o, ref.o, f32_tolerance(test::compare(base.o, ref.o).normalized()), "o"));
+  EXPECT_TRUE(test::within(
+      r.final_state, ref.final_state,
+      f32_tolerance(test::compare(base.final_state, ref.final_state).normalized()), "ht"));
   // The last 1024 tokens alone.
   const std::int64_t tail = 1024 * spec.hv * spec.dv, offset = r.o.numel() - tail;
   const auto tail_error = [&](const Tensor& x) {
@@ -248,8 +241,10 @@ Problem integer_problem(std::uint64_t seed, double beta_one_fraction) {
       q[r * spec.dk + d] = static_cast<float>(integer(-3, 3));
     }
   }
-  for (std::int64_t i = 0; i < p.v.numel(); ++i) p.v.data<float>()[i] = static_cast<float>(integer(-8, 8));
-  for (std::int64_t i = 0; i < p.h0.numel(); ++i) p.h0.data<float>()[i] = static_cast<float>(integer(-8, 8));
+  for (std::int64_t i = 0; i < p.v.numel(); ++i)
+    p.v.data<float>()[i] = static_cast<float>(integer(-8, 8));
+  for (std::int64_t i = 0; i < p.h0.numel(); ++i)
+    p.h0.data<float>()[i] = static_cast<float>(integer(-8, 8));
   for (std::int64_t i = 0; i < p.g.numel(); ++i) {
     p.g.data<float>()[i] = 0.0f;
     p.beta.data<float>()[i] = rng.uniform() < beta_one_fraction ? 1.0f : 0.0f;
@@ -270,7 +265,8 @@ TEST(CpuForward, IntegerInputsAreExact) {
         o.isa = isa;
         o.algorithm = algorithm;
         const ForwardResult r = chunk_gated_delta_rule_fwd(p.inputs(), o);
-        const std::string what = variant(isa, algorithm) + ", beta = 1 fraction " + std::to_string(fraction);
+        const std::string what =
+            variant(isa, algorithm) + ", beta = 1 fraction " + std::to_string(fraction);
         const bench::ErrorStats so = test::compare(r.o, ref.o);
         const bench::ErrorStats sh = test::compare(r.final_state, ref.final_state);
         EXPECT_EQ(so.max_abs, 0.0) << "o, " << what << ": " << so.summary();
@@ -286,7 +282,8 @@ TEST(CpuForward, IntegerInputsAreExact) {
 // beta = 1, g = 0 and orthonormal keys: querying a written key returns its value.
 TEST(CpuForward, OrthonormalKeysRetrieve) {
   const std::int64_t dk = 16, dv = 8, writes = 16, total = 2 * writes;
-  Tensor q(DType::f32, {total, 1, dk}), k(DType::f32, {total, 1, dk}), v(DType::f32, {total, 1, dv});
+  Tensor q(DType::f32, {total, 1, dk}), k(DType::f32, {total, 1, dk}),
+      v(DType::f32, {total, 1, dv});
   Tensor g(DType::f32, {total, 1}), beta(DType::f32, {total, 1});
   test::Random rng(3);
   std::vector<double> w(dk);
@@ -302,7 +299,8 @@ TEST(CpuForward, OrthonormalKeysRetrieve) {
       k.data<float>()[t * dk + d] = static_cast<float>(key);
       q.data<float>()[t * dk + d] = static_cast<float>(key);
     }
-    for (std::int64_t e = 0; e < dv; ++e) v.data<float>()[t * dv + e] = static_cast<float>(rng.normal());
+    for (std::int64_t e = 0; e < dv; ++e)
+      v.data<float>()[t * dv + e] = static_cast<float>(rng.normal());
     beta.data<float>()[t] = t < writes ? 1.0f : 0.0f;
   }
   const ForwardInputs in{q.view(), k.view(), v.view(), g.view(), beta.view(), {}, {}};
@@ -345,7 +343,8 @@ TEST(CpuForward, ResidualsMatchReference) {
   const ForwardResult ref_states = ref::recurrent_fwd(p.inputs(), options, Residuals::all);
   const ForwardResult ref_chunked = ref::chunked_fwd(p.inputs(), options, Residuals::all);
   const ForwardResult base = test::baseline_f32(p, options);
-  const double tol = f32_tolerance(test::compare(base.final_state, ref_states.final_state).normalized());
+  const double tol =
+      f32_tolerance(test::compare(base.final_state, ref_states.final_state).normalized());
   ASSERT_EQ(ref_states.chunk_states.size(0), 5 + 0 + 2 + 1);
   for (CpuIsa isa : compiled_isas()) {
     ForwardOptions o = options;
@@ -354,7 +353,8 @@ TEST(CpuForward, ResidualsMatchReference) {
     ASSERT_EQ(r.chunk_states.dtype(), DType::f32);
     EXPECT_TRUE(test::within(r.chunk_states, ref_states.chunk_states, tol,
                              std::string("chunk_states vs the recurrence, ") + cpu_isa_name(isa)));
-    EXPECT_TRUE(test::within(r.t_inv, ref_chunked.t_inv, 64 * kEpsF32, std::string("t_inv, ") + cpu_isa_name(isa)));
+    EXPECT_TRUE(test::within(r.t_inv, ref_chunked.t_inv, 64 * kEpsF32,
+                             std::string("t_inv, ") + cpu_isa_name(isa)));
     // Padding of the short chunks is exactly zero (chunk 4 has 2 tokens, chunk 7 has 5).
     for (std::int64_t chunk : {4, 7}) {
       const std::int64_t n = chunk == 4 ? 2 : 5;
@@ -389,9 +389,10 @@ TEST(CpuForward, RecurrentKeepsChunkStates) {
   EXPECT_FALSE(r.t_inv.present());
   const ForwardResult ref = ref::recurrent_fwd(p.inputs(), p.options(), Residuals::all);
   const ForwardResult base = test::baseline_f32(p, p.options());
-  EXPECT_TRUE(test::within(r.chunk_states, ref.chunk_states,
-                           f32_tolerance(test::compare(base.final_state, ref.final_state).normalized()),
-                           "chunk_states"));
+  EXPECT_TRUE(
+      test::within(r.chunk_states, ref.chunk_states,
+                   f32_tolerance(test::compare(base.final_state, ref.final_state).normalized()),
+                   "chunk_states"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -426,11 +427,21 @@ TEST(CpuForward, ContinuationEqualsOneCall) {
           s.sizes[0] = count;
           return s;
         };
-        const ForwardInputs first{rows(in.q, 0, t1), rows(in.k, 0, t1), rows(in.v, 0, t1), rows(in.g, 0, t1),
-                                  rows(in.beta, 0, t1), in.initial_state, {}};
+        const ForwardInputs first{rows(in.q, 0, t1),
+                                  rows(in.k, 0, t1),
+                                  rows(in.v, 0, t1),
+                                  rows(in.g, 0, t1),
+                                  rows(in.beta, 0, t1),
+                                  in.initial_state,
+                                  {}};
         const ForwardResult a = chunk_gated_delta_rule_fwd(first, o);
-        const ForwardInputs second{rows(in.q, t1, T - t1), rows(in.k, t1, T - t1), rows(in.v, t1, T - t1),
-                                   rows(in.g, t1, T - t1), rows(in.beta, t1, T - t1), a.final_state.view(), {}};
+        const ForwardInputs second{rows(in.q, t1, T - t1),
+                                   rows(in.k, t1, T - t1),
+                                   rows(in.v, t1, T - t1),
+                                   rows(in.g, t1, T - t1),
+                                   rows(in.beta, t1, T - t1),
+                                   a.final_state.view(),
+                                   {}};
         const ForwardResult b = chunk_gated_delta_rule_fwd(second, o);
         Tensor joined(DType::f32, {T, spec.hv, spec.dv});
         std::memcpy(joined.raw(), a.o.raw(), a.o.bytes());
@@ -438,11 +449,13 @@ TEST(CpuForward, ContinuationEqualsOneCall) {
         const std::string what = variant(isa, algorithm) + ", split at " + std::to_string(t1);
         if (t1 % 64 == 0 || algorithm == Algorithm::recurrent) {
           EXPECT_TRUE(test::bit_identical(joined, whole.o, "o, " + what));
-          EXPECT_TRUE(test::bit_identical(b.final_state, whole.final_state, "final_state, " + what));
+          EXPECT_TRUE(
+              test::bit_identical(b.final_state, whole.final_state, "final_state, " + what));
         } else {
           const ForwardResult ref = ref::recurrent_fwd(p.inputs(), p.options());
           const ForwardResult base = test::baseline_f32(p, p.options());
-          EXPECT_TRUE(test::within(joined, ref.o, f32_tolerance(test::compare(base.o, ref.o).normalized()),
+          EXPECT_TRUE(test::within(joined, ref.o,
+                                   f32_tolerance(test::compare(base.o, ref.o).normalized()),
                                    "o, " + what));
         }
       }
@@ -473,7 +486,8 @@ TEST(CpuForward, BitIdenticalForAnyThreadCount) {
       for (int threads : {2, 3, 7}) {
         o.threads = threads;
         const ForwardResult r = chunk_gated_delta_rule_fwd(p.inputs(), o, Residuals::all);
-        const std::string what = variant(isa, algorithm) + ", " + std::to_string(threads) + " threads";
+        const std::string what =
+            variant(isa, algorithm) + ", " + std::to_string(threads) + " threads";
         EXPECT_TRUE(test::bit_identical(r.o, one.o, "o, " + what));
         EXPECT_TRUE(test::bit_identical(r.final_state, one.final_state, "final_state, " + what));
         EXPECT_TRUE(test::bit_identical(r.chunk_states, one.chunk_states, "chunk_states, " + what));
@@ -507,8 +521,8 @@ TEST(CpuForward, StridedViewsEqualContiguous) {
   // q: rows padded to 2 dk. k: stored head-major [Hk][T][Dk]. v: elements interleaved with
   // junk (dim stride 2). g: stored [Hv][T]. beta: tokens in reverse order (negative stride).
   // h0: stored transposed, [N][Hv][Dv][Dk].
-  std::vector<float> qs(T * hk * 2 * dk, NAN), ks(hk * T * dk), vs(T * hv * dv * 2, NAN), gs(hv * T),
-      bs(T * hv), h0s(N * hv * dv * dk);
+  std::vector<float> qs(T * hk * 2 * dk, NAN), ks(hk * T * dk), vs(T * hv * dv * 2, NAN),
+      gs(hv * T), bs(T * hv), h0s(N * hv * dv * dk);
   for (std::int64_t t = 0; t < T; ++t) {
     for (std::int64_t h = 0; h < hk; ++h) {
       for (std::int64_t d = 0; d < dk; ++d) {
@@ -517,7 +531,8 @@ TEST(CpuForward, StridedViewsEqualContiguous) {
       }
     }
     for (std::int64_t h = 0; h < hv; ++h) {
-      for (std::int64_t e = 0; e < dv; ++e) vs[((t * hv + h) * dv + e) * 2] = v[(t * hv + h) * dv + e];
+      for (std::int64_t e = 0; e < dv; ++e)
+        vs[((t * hv + h) * dv + e) * 2] = v[(t * hv + h) * dv + e];
       gs[h * T + t] = g[t * hv + h];
       bs[(T - 1 - t) * hv + h] = beta[t * hv + h];
     }
@@ -543,26 +558,31 @@ TEST(CpuForward, StridedViewsEqualContiguous) {
       const ForwardResult contiguous = chunk_gated_delta_rule_fwd(p.inputs(), o);
       // Outputs strided too: o with padded heads, final_state transposed.
       std::vector<float> os(T * hv * (dv + 3), -1.0f), hts(N * hv * dv * dk);
-      chunk_gated_delta_rule_fwd(strided,
-                                 {MutableTensorView(os.data(), {T, hv, dv}, {hv * (dv + 3), dv + 3, 1}),
-                                  MutableTensorView(hts.data(), {N, hv, dk, dv}, {hv * dv * dk, dv * dk, 1, dk}),
-                                  {},
-                                  {}},
-                                 o);
+      chunk_gated_delta_rule_fwd(
+          strided,
+          {MutableTensorView(os.data(), {T, hv, dv}, {hv * (dv + 3), dv + 3, 1}),
+           MutableTensorView(hts.data(), {N, hv, dk, dv}, {hv * dv * dk, dv * dk, 1, dk}),
+           {},
+           {}},
+          o);
       const std::string what = variant(isa, algorithm);
       for (std::int64_t t = 0; t < T; ++t) {
         for (std::int64_t h = 0; h < hv; ++h) {
           for (std::int64_t e = 0; e < dv; ++e) {
-            ASSERT_EQ(os[(t * hv + h) * (dv + 3) + e], contiguous.o.data<float>()[(t * hv + h) * dv + e])
+            ASSERT_EQ(os[(t * hv + h) * (dv + 3) + e],
+                      contiguous.o.data<float>()[(t * hv + h) * dv + e])
                 << what << " o[" << t << ", " << h << ", " << e << "]";
           }
-          for (std::int64_t e = dv; e < dv + 3; ++e) ASSERT_EQ(os[(t * hv + h) * (dv + 3) + e], -1.0f) << "padding written";
+          for (std::int64_t e = dv; e < dv + 3; ++e)
+            ASSERT_EQ(os[(t * hv + h) * (dv + 3) + e], -1.0f) << "padding written";
         }
       }
       for (std::int64_t s = 0; s < N * hv; ++s) {
         for (std::int64_t i = 0; i < dk; ++i) {
           for (std::int64_t e = 0; e < dv; ++e) {
-            ASSERT_EQ(hts[(s * dv + e) * dk + i], contiguous.final_state.data<float>()[(s * dk + i) * dv + e]) << what;
+            ASSERT_EQ(hts[(s * dv + e) * dk + i],
+                      contiguous.final_state.data<float>()[(s * dk + i) * dv + e])
+                << what;
           }
         }
       }
@@ -628,15 +648,16 @@ TEST(CpuForward, ZeroLengthSequences) {
     o.algorithm = algorithm;
     const ForwardResult r = chunk_gated_delta_rule_fwd(p.inputs(), o);
     for (std::int64_t s : {0, 2}) {
-      EXPECT_EQ(std::memcmp(r.final_state.data<float>() + s * per_seq, p.h0.data<float>() + s * per_seq,
-                            per_seq * sizeof(float)),
+      EXPECT_EQ(std::memcmp(r.final_state.data<float>() + s * per_seq,
+                            p.h0.data<float>() + s * per_seq, per_seq * sizeof(float)),
                 0)
           << "sequence " << s;
     }
   }
   spec.lengths = {0};
   const Problem empty = make_problem(spec);
-  const ForwardResult r = chunk_gated_delta_rule_fwd(empty.inputs(), empty.options(), Residuals::all);
+  const ForwardResult r =
+      chunk_gated_delta_rule_fwd(empty.inputs(), empty.options(), Residuals::all);
   EXPECT_EQ(r.o.numel(), 0);
   EXPECT_EQ(r.chunk_states.numel(), 0);
   EXPECT_TRUE(test::bit_identical(r.final_state, empty.h0, "T = 0"));

@@ -24,25 +24,17 @@ constexpr double kChunkedVsRecurrent = 1e-12;
 using AllocatingForward = ForwardResult (*)(const ForwardInputs&, const ForwardOptions&, Residuals);
 const AllocatingForward kReferences[] = {&ref::recurrent_fwd, &ref::chunked_fwd};
 
-struct Shape {
-  std::vector<std::int64_t> lengths;
-  std::int64_t hk, hv, dk, dv;
-};
+using test::Shape;
 
-class ChunkedReference : public ::testing::TestWithParam<std::tuple<Shape, bool, bool, double, int>> {};
+class ChunkedReference
+    : public ::testing::TestWithParam<std::tuple<Shape, bool, bool, double, int>> {};
 
 TEST_P(ChunkedReference, MatchesTokenRecurrence) {
   const auto& [shape, h0, l2norm, g_lo, chunk] = GetParam();
-  ProblemSpec spec;
-  spec.lengths = shape.lengths;
-  spec.hk = shape.hk;
-  spec.hv = shape.hv;
-  spec.dk = shape.dk;
-  spec.dv = shape.dv;
+  ProblemSpec spec = test::spec_for(shape, DType::f64);
   spec.initial_state = h0;
   spec.l2norm = l2norm;
   spec.g_lo = g_lo;
-  spec.dtype = DType::f64;
   const test::Problem p = make_problem(spec);
   ForwardOptions options = p.options();
   options.chunk_size = chunk;
@@ -61,10 +53,10 @@ INSTANTIATE_TEST_SUITE_P(
                                          Shape{{64}, 1, 2, 16, 32}, Shape{{65}, 1, 4, 32, 16},
                                          Shape{{127}, 2, 4, 24, 40}, Shape{{1000}, 1, 1, 32, 32},
                                          Shape{{40, 0, 64, 129, 1}, 2, 2, 16, 16}),
-                       ::testing::Bool(),                // initial state
-                       ::testing::Bool(),                // l2norm
-                       ::testing::Values(-1.0, -20.0),   // g in [g_lo, 0]
-                       ::testing::Values(64, 16)));      // chunk size
+                       ::testing::Bool(),               // initial state
+                       ::testing::Bool(),               // l2norm
+                       ::testing::Values(-1.0, -20.0),  // g in [g_lo, 0]
+                       ::testing::Values(64, 16)));     // chunk size
 
 // beta = 0: nothing is written; the state only decays, S_t = exp(G_t) S_0, o_t = scale S_t^T q_t.
 TEST(Reference, BetaZeroStateOnlyDecays) {
@@ -93,7 +85,8 @@ TEST(Reference, BetaZeroStateOnlyDecays) {
           for (std::int64_t j = 0; j < spec.dv; ++j) {
             double expected = 0;
             for (std::int64_t i = 0; i < spec.dk; ++i) {
-              expected += std::exp(G) * h0[((s * spec.hv + h) * spec.dk + i) * spec.dv + j] * q[t * spec.dk + i];
+              expected += std::exp(G) * h0[((s * spec.hv + h) * spec.dk + i) * spec.dv + j] *
+                          q[t * spec.dk + i];
             }
             expected /= std::sqrt(static_cast<double>(spec.dk));
             EXPECT_NEAR(r.o.data<double>()[(t * spec.hv + h) * spec.dv + j], expected, 1e-13);
@@ -117,11 +110,13 @@ TEST(Reference, OrthonormalKeysRetrieveExactly) {
   const double w[dk] = {0.3, -1.2, 0.7, 0.1, 2.0, -0.4, 0.9, 0.5};
   double ww = 0;
   for (double x : w) ww += x * x;
-  Tensor q(DType::f64, {total, 1, dk}), k(DType::f64, {total, 1, dk}), v(DType::f64, {total, 1, dv});
+  Tensor q(DType::f64, {total, 1, dk}), k(DType::f64, {total, 1, dk}),
+      v(DType::f64, {total, 1, dv});
   Tensor g(DType::f64, {total, 1}), beta(DType::f64, {total, 1});
   test::Random rng(7);
   for (std::int64_t t = 0; t < total; ++t) {
-    const std::int64_t row = t < writes ? t : (t * 5) % writes;  // reads visit the keys in another order
+    const std::int64_t row =
+        t < writes ? t : (t * 5) % writes;  // reads visit the keys in another order
     for (std::int64_t d = 0; d < dk; ++d) {
       const double key = (row == d ? 1.0 : 0.0) - 2 * w[row] * w[d] / ww;
       k.data<double>()[t * dk + d] = key;
@@ -139,7 +134,8 @@ TEST(Reference, OrthonormalKeysRetrieveExactly) {
     for (std::int64_t t = writes; t < total; ++t) {
       const std::int64_t row = (t * 5) % writes;
       for (std::int64_t e = 0; e < dv; ++e) {
-        EXPECT_NEAR(r.o.data<double>()[t * dv + e], v.data<double>()[row * dv + e], 1e-13) << "token " << t;
+        EXPECT_NEAR(r.o.data<double>()[t * dv + e], v.data<double>()[row * dv + e], 1e-13)
+            << "token " << t;
       }
     }
   }
@@ -177,7 +173,8 @@ TEST(Reference, TInvInvertsT) {
           const std::int64_t t = start + t0 + i;
           double ss = 0;
           for (std::int64_t d = 0; d < spec.dk; ++d) ss += k[t * spec.dk + d] * k[t * spec.dk + d];
-          for (std::int64_t d = 0; d < spec.dk; ++d) kn[i * spec.dk + d] = k[t * spec.dk + d] / std::sqrt(ss + 1e-6);
+          for (std::int64_t d = 0; d < spec.dk; ++d)
+            kn[i * spec.dk + d] = k[t * spec.dk + d] / std::sqrt(ss + 1e-6);
           run += g[t * spec.hv + h];
           G[i] = run;
         }
@@ -185,7 +182,8 @@ TEST(Reference, TInvInvertsT) {
           T[i * n + i] = 1;
           for (std::int64_t j = 0; j < i; ++j) {
             double kk = 0;
-            for (std::int64_t d = 0; d < spec.dk; ++d) kk += kn[i * spec.dk + d] * kn[j * spec.dk + d];
+            for (std::int64_t d = 0; d < spec.dk; ++d)
+              kk += kn[i * spec.dk + d] * kn[j * spec.dk + d];
             T[i * n + j] = beta[(start + t0 + i) * spec.hv + h] * kk * std::exp(G[i] - G[j]);
           }
         }

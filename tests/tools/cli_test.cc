@@ -1,6 +1,5 @@
 // cli_test.cc: the gdn tool as a user runs it: .npy files in, .npy files out, clear errors.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <array>
@@ -45,7 +44,8 @@ class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           (std::string("gdn_cli_test_") + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+           (std::string("gdn_cli_test_") +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "in");
   }
@@ -70,26 +70,32 @@ class Cli : public ::testing::Test {
     npy::save(path("in/beta.npy"), p.beta);
     npy::save(path("in/h0.npy"), p.h0);
     Tensor cu32(DType::i32, {4});
-    for (int i = 0; i < 4; ++i) cu32.data<std::int32_t>()[i] = static_cast<std::int32_t>(p.cu_seqlens.data<std::int64_t>()[i]);
+    for (int i = 0; i < 4; ++i)
+      cu32.data<std::int32_t>()[i] =
+          static_cast<std::int32_t>(p.cu_seqlens.data<std::int64_t>()[i]);
     npy::save(path("in/cu_seqlens.npy"), cu32);
     return p;
   }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  std::string io(const std::string& out = "out") const { return "--in '" + path("in") + "' --out '" + path(out) + "'"; }
+  std::string io(const std::string& out = "out") const {
+    return "--in '" + path("in") + "' --out '" + path(out) + "'";
+  }
 
   fs::path dir_;
 };
 
 TEST_F(Cli, ForwardRoundTripEqualsLibrary) {
   const test::Problem p = write_inputs();
-  const Result run = gdn_cli("forward " + io() + " --l2norm --residuals --chunk-size 32 --threads 2");
+  const Result run =
+      gdn_cli("forward " + io() + " --l2norm --residuals --chunk-size 32 --threads 2");
   ASSERT_EQ(run.code, 0) << run.output;
   ForwardOptions options = p.options();
   options.chunk_size = 32;
   const ForwardResult expected = chunk_gated_delta_rule_fwd(p.inputs(), options, Residuals::all);
   EXPECT_TRUE(test::bit_identical(npy::load(path("out/o.npy")), expected.o, "o.npy"));
   EXPECT_TRUE(test::bit_identical(npy::load(path("out/ht.npy")), expected.final_state, "ht.npy"));
-  EXPECT_TRUE(test::bit_identical(npy::load(path("out/chunk_states.npy")), expected.chunk_states, "chunk_states.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("out/chunk_states.npy")), expected.chunk_states,
+                                  "chunk_states.npy"));
   EXPECT_TRUE(test::bit_identical(npy::load(path("out/t_inv.npy")), expected.t_inv, "t_inv.npy"));
 }
 
@@ -164,17 +170,20 @@ TEST_F(Cli, UsageErrors) {
   write_inputs();
   const Result unknown = gdn_cli("forward " + io() + " --chunksize 32");
   EXPECT_EQ(unknown.code, 2);
-  EXPECT_NE(unknown.output.find("unknown option '--chunksize'"), std::string::npos) << unknown.output;
+  EXPECT_NE(unknown.output.find("unknown option '--chunksize'"), std::string::npos)
+      << unknown.output;
   const Result bad = gdn_cli("forward " + io() + " --chunk-size 1000");
   EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.output.find("'--chunk-size': expected an integer in [1, 256], given '1000'"), std::string::npos)
+  EXPECT_NE(bad.output.find("'--chunk-size': expected an integer in [1, 256], given '1000'"),
+            std::string::npos)
       << bad.output;
   const Result missing = gdn_cli("forward --out x");
   EXPECT_EQ(missing.code, 2);
   EXPECT_NE(missing.output.find("'--in' is required"), std::string::npos) << missing.output;
   const Result command = gdn_cli("backwards");
   EXPECT_EQ(command.code, 2);
-  EXPECT_NE(command.output.find("unknown command 'backwards'"), std::string::npos) << command.output;
+  EXPECT_NE(command.output.find("unknown command 'backwards'"), std::string::npos)
+      << command.output;
   const Result bench = gdn_cli("bench --hk 3 --hv 4");
   EXPECT_EQ(bench.code, 2);
   EXPECT_NE(bench.output.find("multiple of --hk"), std::string::npos) << bench.output;
@@ -191,15 +200,17 @@ TEST_F(Cli, HelpShowsExamples) {
 
 // The benchmark on a small shape: the check passes and the JSON lines carry every field.
 TEST_F(Cli, BenchJsonLines) {
-  const Result run = gdn_cli("bench --tokens 130 --hk 2 --hv 4 --dk 32 --dv 16 --repeats 2 --json --threads 2");
+  const Result run =
+      gdn_cli("bench --tokens 130 --hk 2 --hv 4 --dk 32 --dv 16 --repeats 2 --json --threads 2");
   ASSERT_EQ(run.code, 0) << run.output;
   int lines = 0;
   std::size_t at = 0;
   while ((at = run.output.find("{\"op\": ", at)) != std::string::npos) {
     const std::string line = run.output.substr(at, run.output.find('}', at) - at);
-    for (const char* field : {"\"op\"", "\"impl\"", "\"dtype\"", "\"threads\"", "\"tokens\"", "\"hk\"", "\"hv\"",
-                              "\"dk\"", "\"dv\"", "\"median_ms\"", "\"min_ms\"", "\"max_ms\"", "\"us_per_token_head\"",
-                              "\"gflops\"", "\"peak_gflops\"", "\"residual_bytes\"", "\"peak_rss_bytes\""}) {
+    for (const char* field :
+         {"\"op\"", "\"impl\"", "\"dtype\"", "\"threads\"", "\"tokens\"", "\"hk\"", "\"hv\"",
+          "\"dk\"", "\"dv\"", "\"median_ms\"", "\"min_ms\"", "\"max_ms\"", "\"us_per_token_head\"",
+          "\"gflops\"", "\"peak_gflops\"", "\"residual_bytes\"", "\"peak_rss_bytes\""}) {
       EXPECT_NE(line.find(field), std::string::npos) << field << " missing in " << line;
     }
     ++lines;

@@ -1,4 +1,6 @@
 // npy_test.cc: the .npy reader and writer, including every malformed file it must reject.
+#include "npy.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -7,21 +9,22 @@
 #include <string>
 
 #include "common/compare.h"
-#include "npy.h"
 
 namespace gdn {
 namespace {
 
 std::filesystem::path temp_dir() {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("gdn_npy_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  const auto dir =
+      std::filesystem::temp_directory_path() /
+      ("gdn_npy_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+       ::testing::UnitTest::GetInstance()->current_test_info()->name());
   std::filesystem::create_directories(dir);
   return dir;
 }
 
 void write_bytes(const std::filesystem::path& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::string read_bytes(const std::filesystem::path& path) {
@@ -58,12 +61,14 @@ TEST(Npy, RoundTripEveryDtypeAndRank) {
   const auto dir = temp_dir();
   int n = 0;
   for (DType dtype : {DType::f32, DType::f64, DType::i32, DType::i64}) {
-    for (const Dims& sizes : {Dims{7, 0, 0, 0}, Dims{3, 5, 0, 0}, Dims{2, 3, 4, 0}, Dims{2, 1, 3, 2}, Dims{0, 4, 0, 0}}) {
+    for (const Dims& sizes : {Dims{7, 0, 0, 0}, Dims{3, 5, 0, 0}, Dims{2, 3, 4, 0},
+                              Dims{2, 1, 3, 2}, Dims{0, 4, 0, 0}}) {
       int rank = 0;
       while (rank < 4 && sizes[rank] != 0) ++rank;
       if (sizes[0] == 0) rank = 2;
       Tensor t(dtype, rank, sizes);
-      for (std::size_t b = 0; b < t.bytes(); ++b) static_cast<unsigned char*>(t.raw())[b] = static_cast<unsigned char>(b * 31 + 7);
+      for (std::size_t b = 0; b < t.bytes(); ++b)
+        static_cast<unsigned char*>(t.raw())[b] = static_cast<unsigned char>(b * 31 + 7);
       std::string name = "t";  // (appending, not "t" + ...: GCC 12 -Wrestrict false positive)
       name += std::to_string(n++);
       name += ".npy";
@@ -90,14 +95,16 @@ TEST(Npy, ReadsWhatNumpyWrites) {
     const float f = static_cast<float>(i);
     std::memcpy(&data[i * 4], &f, 4);
   }
-  write_bytes(dir / "a.npy", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", data));
+  write_bytes(dir / "a.npy",
+              npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", data));
   const Tensor t = npy::load((dir / "a.npy").string());
   ASSERT_EQ(t.rank(), 2);
   EXPECT_EQ(t.size(0), 2);
   EXPECT_EQ(t.size(1), 3);
   EXPECT_EQ(t.data<float>()[5], 5.0f);
   // Version 2.0 header, double quotes, one-dimensional tuple.
-  std::string v2 = npy_file("{\"descr\": \"<i8\", \"fortran_order\": False, \"shape\": (1,), }", std::string(8, '\x01'));
+  std::string v2 = npy_file("{\"descr\": \"<i8\", \"fortran_order\": False, \"shape\": (1,), }",
+                            std::string(8, '\x01'));
   v2[6] = '\x02';
   const std::string len = v2.substr(8, 2);
   v2 = v2.substr(0, 8) + len + std::string(2, '\0') + v2.substr(10);
@@ -120,21 +127,31 @@ TEST(Npy, RejectsMalformedFiles) {
   expect_rejected(dir / "magic.npy", "not a .npy file");
   write_bytes(dir / "empty.npy", "");
   expect_rejected(dir / "empty.npy", "not a .npy file");
-  write_bytes(dir / "fortran.npy", npy_file("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", data));
+  write_bytes(dir / "fortran.npy",
+              npy_file("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", data));
   expect_rejected(dir / "fortran.npy", "Fortran");
-  write_bytes(dir / "half.npy", npy_file("{'descr': '<f2', 'fortran_order': False, 'shape': (2, 3), }", data.substr(0, 12)));
+  write_bytes(
+      dir / "half.npy",
+      npy_file("{'descr': '<f2', 'fortran_order': False, 'shape': (2, 3), }", data.substr(0, 12)));
   expect_rejected(dir / "half.npy", "unsupported dtype '<f2'");
-  write_bytes(dir / "big.npy", npy_file("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }", data));
+  write_bytes(dir / "big.npy",
+              npy_file("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }", data));
   expect_rejected(dir / "big.npy", "big-endian");
-  write_bytes(dir / "object.npy", npy_file("{'descr': '|O', 'fortran_order': False, 'shape': (2, 3), }", data));
+  write_bytes(dir / "object.npy",
+              npy_file("{'descr': '|O', 'fortran_order': False, 'shape': (2, 3), }", data));
   expect_rejected(dir / "object.npy", "unsupported dtype");
   write_bytes(dir / "noshape.npy", npy_file("{'descr': '<f4', 'fortran_order': False, }", data));
   expect_rejected(dir / "noshape.npy", "no 'shape' key");
-  write_bytes(dir / "badshape.npy", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }", data));
+  write_bytes(dir / "badshape.npy",
+              npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }", data));
   expect_rejected(dir / "badshape.npy", "bad dimension");
-  write_bytes(dir / "scalar.npy", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (), }", data.substr(0, 4)));
+  write_bytes(
+      dir / "scalar.npy",
+      npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (), }", data.substr(0, 4)));
   expect_rejected(dir / "scalar.npy", "1 to 4 dimensions");
-  write_bytes(dir / "rank5.npy", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 6), }", data));
+  write_bytes(
+      dir / "rank5.npy",
+      npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 6), }", data));
   expect_rejected(dir / "rank5.npy", "1 to 4 dimensions");
   std::string huge_header = npy_file(ok_dict, data);
   huge_header[8] = '\xff';

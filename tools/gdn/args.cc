@@ -27,11 +27,13 @@ Args::Args(const std::vector<OptionSpec>& specs, int argc, char** argv, int firs
     }
     if (spec == nullptr) {
       std::string known;
-      for (const OptionSpec& s : specs) known += std::string(known.empty() ? "" : ", ") + "--" + s.name;
+      for (const OptionSpec& s : specs)
+        known += std::string(known.empty() ? "" : ", ") + "--" + s.name;
       throw UsageError("unknown option '--" + name + "' (expected one of: " + known + ")");
     }
     if (spec->value_name == nullptr) {
-      if (inline_value) throw UsageError("option '--" + name + "' takes no value, given '" + value + "'");
+      if (inline_value)
+        throw UsageError("option '--" + name + "' takes no value, given '" + value + "'");
       flags_.insert(name);
       continue;
     }
@@ -53,7 +55,8 @@ std::string Args::text(const std::string& name, const std::string& fallback) con
 
 std::string Args::required_text(const std::string& name) const {
   const auto it = values_.find(name);
-  if (it == values_.end() || it->second.empty()) throw UsageError("option '--" + name + "' is required");
+  if (it == values_.end() || it->second.empty())
+    throw UsageError("option '--" + name + "' is required");
   return it->second;
 }
 
@@ -101,8 +104,10 @@ std::string describe_options(const std::vector<OptionSpec>& specs) {
   for (const OptionSpec& s : specs) {
     std::string left = std::string("  --") + s.name;
     if (s.value_name) left += std::string(" ") + s.value_name;
-    if (left.size() < 24) left.append(24 - left.size(), ' ');
-    else left += "\n" + std::string(24, ' ');
+    if (left.size() < 24)
+      left.append(24 - left.size(), ' ');
+    else
+      left += "\n" + std::string(24, ' ');
     out += left + s.help + "\n";
   }
   return out;

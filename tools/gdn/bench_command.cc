@@ -3,10 +3,12 @@
 // Validate, then time: every case is first checked against the float64 reference on a slice
 // of its own output, then timed (one warm-up, then --repeats runs; median, min, max), and
 // reported beside the fp32 FMA peak measured in the same run with the same threads.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdarg>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,8 +21,6 @@
 #include "cpu/kernels.h"
 #include "gdn/gdn.h"
 #include "sysinfo.h"
-
-#include <unistd.h>
 
 namespace gdn::cli {
 
@@ -110,16 +110,18 @@ Timing time_case(const Case& c, int repeats, const std::function<void()>& run) {
   for (int r = 0; r < repeats; ++r) {
     const auto start = std::chrono::steady_clock::now();
     run();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-    progress("  %s %s%s: run %d/%d took %.2f ms", c.op, c.impl, c.residuals ? " +residuals" : "", r + 1,
-             repeats, ms.back());
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
+    progress("  %s %s%s: run %d/%d took %.2f ms", c.op, c.impl, c.residuals ? " +residuals" : "",
+             r + 1, repeats, ms.back());
   }
   progress("%s", "");
   std::sort(ms.begin(), ms.end());
   Timing t;
   t.min_ms = ms.front();
   t.max_ms = ms.back();
-  t.median_ms = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+  t.median_ms =
+      ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
   return t;
 }
 
@@ -146,25 +148,29 @@ int bench_command(int argc, char** argv) {
     throw UsageError("option '--hv': expected a multiple of --hk = " + std::to_string(hk) +
                      ", given " + std::to_string(hv));
   }
-  const CpuIsa isa = resolve_cpu_isa(isa_name == "generic" ? CpuIsa::generic
-                                     : isa_name == "avx2"  ? CpuIsa::avx2
+  const CpuIsa isa = resolve_cpu_isa(isa_name == "generic"  ? CpuIsa::generic
+                                     : isa_name == "avx2"   ? CpuIsa::avx2
                                      : isa_name == "avx512" ? CpuIsa::avx512
                                                             : CpuIsa::automatic);
   if (threads == 0) threads = default_threads();
   const std::int64_t total = tokens * seqs;
 
   std::FILE* info = json ? stderr : stdout;
-  std::fprintf(info, "gdn bench: forward, Hk=%lld Hv=%lld Dk=%lld Dv=%lld, %lld x %lld tokens, f32, chunk %d, l2norm\n",
+  std::fprintf(info,
+               "gdn bench: forward, Hk=%lld Hv=%lld Dk=%lld Dv=%lld, %lld x %lld tokens, f32, "
+               "chunk %d, l2norm\n",
                static_cast<long long>(hk), static_cast<long long>(hv), static_cast<long long>(dk),
-               static_cast<long long>(dv), static_cast<long long>(seqs), static_cast<long long>(tokens), chunk);
-  std::fprintf(info, "machine: %s; ISA %s; %d thread%s\n", cpu_model_name().c_str(), cpu_isa_name(isa), threads,
-               threads == 1 ? "" : "s");
+               static_cast<long long>(dv), static_cast<long long>(seqs),
+               static_cast<long long>(tokens), chunk);
+  std::fprintf(info, "machine: %s; ISA %s; %d thread%s\n", cpu_model_name().c_str(),
+               cpu_isa_name(isa), threads, threads == 1 ? "" : "s");
 
   // Inputs: q, k, v uniform in [-1, 1) (normalised in the kernel), g in [-2, 0) (decays
   // between 0.14 and 1 per token), beta in [0, 1).
   progress("  generating inputs...");
   Random rng(20261202);
-  Tensor q(DType::f32, {total, hk, dk}), k(DType::f32, {total, hk, dk}), v(DType::f32, {total, hv, dv});
+  Tensor q(DType::f32, {total, hk, dk}), k(DType::f32, {total, hk, dk}),
+      v(DType::f32, {total, hv, dv});
   Tensor g(DType::f32, {total, hv}), beta(DType::f32, {total, hv}), cu(DType::i64, {seqs + 1});
   for (Tensor* t : {&q, &k, &v}) {
     float* p = t->data<float>();
@@ -236,7 +242,8 @@ int bench_command(int argc, char** argv) {
   const double chunked_flops = bench::chunked_forward_flops(tokens, seqs, hv, dk, dv, chunk);
   const std::vector<Case> cases = {
       {"forward", "chunked", Algorithm::chunked, false, 0, chunked_flops},
-      {"forward", "chunked", Algorithm::chunked, true, residual_bytes(shape, Residuals::all), chunked_flops},
+      {"forward", "chunked", Algorithm::chunked, true, residual_bytes(shape, Residuals::all),
+       chunked_flops},
       {"forward", "recurrent", Algorithm::recurrent, false, 0,
        bench::recurrent_forward_flops(total, hv, dk, dv)},
   };
@@ -244,8 +251,8 @@ int bench_command(int argc, char** argv) {
   progress("  measuring the fp32 FMA peak...");
   const double peak = cpu::measure_fma_peak_gflops(isa, threads);
   progress("%s", "");
-  std::fprintf(info, "fp32 FMA peak, measured now (%s, %d thread%s): %.1f GFLOP/s\n", cpu_isa_name(isa), threads,
-               threads == 1 ? "" : "s", peak);
+  std::fprintf(info, "fp32 FMA peak, measured now (%s, %d thread%s): %.1f GFLOP/s\n",
+               cpu_isa_name(isa), threads, threads == 1 ? "" : "s", peak);
 
   // fp32 tolerance of the check: docs/numerics.md.
   constexpr double kTolerance = 1e-4;
@@ -257,13 +264,17 @@ int bench_command(int argc, char** argv) {
     allocate(c.residuals);
     run(c.algorithm);  // the warm-up run, checked before anything is timed
     const double error = check();
-    std::fprintf(info, "check: %s %s, residuals %s, vs float64 reference (%lld tokens x %lld heads): error %.2e "
-                 "(tolerance %.0e) %s\n",
-                 c.op, c.impl, residuals, static_cast<long long>(check_tokens), static_cast<long long>(group),
-                 error, kTolerance, error <= kTolerance ? "PASS" : "FAIL");
+    std::fprintf(
+        info,
+        "check: %s %s, residuals %s, vs float64 reference (%lld tokens x %lld heads): error %.2e "
+        "(tolerance %.0e) %s\n",
+        c.op, c.impl, residuals, static_cast<long long>(check_tokens),
+        static_cast<long long>(group), error, kTolerance, error <= kTolerance ? "PASS" : "FAIL");
     if (!(error <= kTolerance)) {
-      std::fprintf(stderr, "gdn bench: the %s %s output does not match the float64 reference; not timing it\n",
-                   c.op, c.impl);
+      std::fprintf(
+          stderr,
+          "gdn bench: the %s %s output does not match the float64 reference; not timing it\n", c.op,
+          c.impl);
       return 1;
     }
     Timing t = time_case(c, repeats, [&]() { run(c.algorithm); });
@@ -273,35 +284,46 @@ int bench_command(int argc, char** argv) {
     const double us_per = t.median_ms * 1e3 / static_cast<double>(total * hv);
     const double gflops = c.flops / (t.median_ms * 1e-3) * 1e-9;
     if (json) {
-      std::printf("{\"op\": \"%s\", \"impl\": \"%s\", \"residuals\": \"%s\", \"dtype\": \"f32\", \"isa\": \"%s\", "
-                  "\"threads\": %d, \"tokens\": %lld, \"seqs\": %lld, \"hk\": %lld, \"hv\": %lld, \"dk\": %lld, "
-                  "\"dv\": %lld, \"chunk_size\": %d, \"repeats\": %d, \"median_ms\": %.4f, \"min_ms\": %.4f, "
-                  "\"max_ms\": %.4f, \"us_per_token_head\": %.5f, \"gflops\": %.2f, \"peak_gflops\": %.2f, "
-                  "\"pct_peak\": %.2f, \"residual_bytes\": %lld, \"peak_rss_bytes\": %lld, \"check_error\": %.3e}\n",
-                  c.op, c.impl, residuals, cpu_isa_name(isa), threads,
-                  static_cast<long long>(tokens), static_cast<long long>(seqs), static_cast<long long>(hk),
-                  static_cast<long long>(hv), static_cast<long long>(dk), static_cast<long long>(dv), chunk, repeats,
-                  t.median_ms, t.min_ms, t.max_ms, us_per, gflops, peak, 100 * gflops / peak,
-                  static_cast<long long>(c.residual_bytes), static_cast<long long>(t.peak_rss), error);
+      std::printf(
+          "{\"op\": \"%s\", \"impl\": \"%s\", \"residuals\": \"%s\", \"dtype\": \"f32\", \"isa\": "
+          "\"%s\", "
+          "\"threads\": %d, \"tokens\": %lld, \"seqs\": %lld, \"hk\": %lld, \"hv\": %lld, \"dk\": "
+          "%lld, "
+          "\"dv\": %lld, \"chunk_size\": %d, \"repeats\": %d, \"median_ms\": %.4f, \"min_ms\": "
+          "%.4f, "
+          "\"max_ms\": %.4f, \"us_per_token_head\": %.5f, \"gflops\": %.2f, \"peak_gflops\": %.2f, "
+          "\"pct_peak\": %.2f, \"residual_bytes\": %lld, \"peak_rss_bytes\": %lld, "
+          "\"check_error\": %.3e}\n",
+          c.op, c.impl, residuals, cpu_isa_name(isa), threads, static_cast<long long>(tokens),
+          static_cast<long long>(seqs), static_cast<long long>(hk), static_cast<long long>(hv),
+          static_cast<long long>(dk), static_cast<long long>(dv), chunk, repeats, t.median_ms,
+          t.min_ms, t.max_ms, us_per, gflops, peak, 100 * gflops / peak,
+          static_cast<long long>(c.residual_bytes), static_cast<long long>(t.peak_rss), error);
     } else {
       char range[64], row[256];
       std::snprintf(range, sizeof range, "(%.2f - %.2f)", t.min_ms, t.max_ms);
-      std::snprintf(row, sizeof row, "%-8s %-10s %-5s %11.2f %21s %12.3f %9.1f %6.1f%% %14.1f %13.1f\n", c.op,
+      std::snprintf(row, sizeof row,
+                    "%-8s %-10s %-5s %11.2f %21s %12.3f %9.1f %6.1f%% %14.1f %13.1f\n", c.op,
                     c.impl, residuals, t.median_ms, range, us_per, gflops, 100 * gflops / peak,
-                    static_cast<double>(c.residual_bytes) / (1 << 20), static_cast<double>(t.peak_rss) / (1 << 20));
+                    static_cast<double>(c.residual_bytes) / (1 << 20),
+                    static_cast<double>(t.peak_rss) / (1 << 20));
       rows.push_back(row);
     }
     std::fflush(stdout);
   }
   if (!json) {
-    std::printf("\n%-8s %-10s %-5s %11s %21s %12s %9s %7s %14s %13s\n", "op", "impl", "resid", "median ms",
-                "(min - max)", "us/tok*head", "GFLOP/s", "% peak", "residual MiB", "peak RSS MiB");
+    std::printf("\n%-8s %-10s %-5s %11s %21s %12s %9s %7s %14s %13s\n", "op", "impl", "resid",
+                "median ms", "(min - max)", "us/tok*head", "GFLOP/s", "% peak", "residual MiB",
+                "peak RSS MiB");
     for (const std::string& row : rows) std::fputs(row.c_str(), stdout);
     std::printf("\nchunked forward vs token recurrence: %.2fx %s (median)\n",
-                std::max(timings[2].median_ms / timings[0].median_ms, timings[0].median_ms / timings[2].median_ms),
+                std::max(timings[2].median_ms / timings[0].median_ms,
+                         timings[0].median_ms / timings[2].median_ms),
                 timings[0].median_ms <= timings[2].median_ms ? "faster" : "SLOWER");
-    std::printf("us/tok*head is wall time / (tokens x value heads) with %d thread%s; per core multiply by %d.\n",
-                threads, threads == 1 ? "" : "s", threads);
+    std::printf(
+        "us/tok*head is wall time / (tokens x value heads) with %d thread%s; per core multiply by "
+        "%d.\n",
+        threads, threads == 1 ? "" : "s", threads);
   }
   return 0;
 }

@@ -86,8 +86,8 @@ int forward_command(int argc, char** argv) {
                       : algorithm == "recurrent" ? Algorithm::recurrent
                                                  : Algorithm::automatic;
   const std::string isa = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
-  options.isa = isa == "generic" ? CpuIsa::generic
-                : isa == "avx2"  ? CpuIsa::avx2
+  options.isa = isa == "generic"  ? CpuIsa::generic
+                : isa == "avx2"   ? CpuIsa::avx2
                 : isa == "avx512" ? CpuIsa::avx512
                                   : CpuIsa::automatic;
   const bool reference = args.flag("reference");
@@ -96,8 +96,9 @@ int forward_command(int argc, char** argv) {
     throw UsageError("option '--algorithm' does not apply with --reference");
   }
   if (!std::filesystem::is_directory(in_dir)) {
-    throw UsageError("option '--in': expected a directory with q.npy, k.npy, v.npy, g.npy, beta.npy, given '" +
-                     in_dir.string() + "'");
+    throw UsageError(
+        "option '--in': expected a directory with q.npy, k.npy, v.npy, g.npy, beta.npy, given '" +
+        in_dir.string() + "'");
   }
 
   Tensor q = npy::load(in_dir / "q.npy");
@@ -110,13 +111,15 @@ int forward_command(int argc, char** argv) {
     cu = npy::load(in_dir / "cu_seqlens.npy");
     if (cu.dtype() == DType::i32) {  // widen int32 boundaries exactly
       Tensor wide(DType::i64, cu.rank(), cu.sizes());
-      for (std::int64_t i = 0; i < cu.numel(); ++i) wide.data<std::int64_t>()[i] = cu.data<std::int32_t>()[i];
+      for (std::int64_t i = 0; i < cu.numel(); ++i)
+        wide.data<std::int64_t>()[i] = cu.data<std::int32_t>()[i];
       cu = std::move(wide);
     }
   }
   if (std::filesystem::exists(in_dir / "h0.npy")) h0 = npy::load(in_dir / "h0.npy");
 
-  const ForwardInputs inputs{q.view(), k.view(), v.view(), g.view(), beta.view(), h0.view(), cu.view()};
+  const ForwardInputs inputs{q.view(),    k.view(),  v.view(), g.view(),
+                             beta.view(), h0.view(), cu.view()};
   const Residuals keep = residuals ? Residuals::all : Residuals::none;
   ForwardResult result;
   const auto start = std::chrono::steady_clock::now();
@@ -136,7 +139,8 @@ int forward_command(int argc, char** argv) {
     if (file.empty()) throw;
     throw InvalidArgument(file + " (" + e.argument() + ")", e.expected(), e.given());
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::filesystem::create_directories(out_dir);
   npy::save(out_dir / "o.npy", result.o);
@@ -147,17 +151,22 @@ int forward_command(int argc, char** argv) {
   }
   if (!args.flag("quiet")) {
     const ForwardShape shape = forward_shape(inputs, options);
-    std::printf("gdn forward: T = %lld tokens in %lld sequences, Hk = %lld, Hv = %lld, Dk = %lld, Dv = %lld, %s\n",
-                static_cast<long long>(shape.batch > 0 ? shape.batch * shape.tokens : shape.tokens),
-                static_cast<long long>(shape.num_seqs), static_cast<long long>(shape.hk),
-                static_cast<long long>(shape.hv), static_cast<long long>(shape.dk),
-                static_cast<long long>(shape.dv), dtype_name(shape.dtype));
-    std::printf("  %s in %.3f ms; wrote o.npy, ht.npy%s to %s\n",
-                reference ? "float64 reference"
-                          : (std::string(cpu_isa_name(resolve_cpu_isa(options.isa))) + " kernels").c_str(),
-                seconds * 1e3,
-                residuals ? (result.t_inv.present() ? ", chunk_states.npy, t_inv.npy" : ", chunk_states.npy") : "",
-                out_dir.string().c_str());
+    std::printf(
+        "gdn forward: T = %lld tokens in %lld sequences, Hk = %lld, Hv = %lld, Dk = %lld, Dv = "
+        "%lld, %s\n",
+        static_cast<long long>(shape.batch > 0 ? shape.batch * shape.tokens : shape.tokens),
+        static_cast<long long>(shape.num_seqs), static_cast<long long>(shape.hk),
+        static_cast<long long>(shape.hv), static_cast<long long>(shape.dk),
+        static_cast<long long>(shape.dv), dtype_name(shape.dtype));
+    std::printf(
+        "  %s in %.3f ms; wrote o.npy, ht.npy%s to %s\n",
+        reference ? "float64 reference"
+                  : (std::string(cpu_isa_name(resolve_cpu_isa(options.isa))) + " kernels").c_str(),
+        seconds * 1e3,
+        residuals
+            ? (result.t_inv.present() ? ", chunk_states.npy, t_inv.npy" : ", chunk_states.npy")
+            : "",
+        out_dir.string().c_str());
   }
   return 0;
 }

@@ -34,10 +34,12 @@ int print_version() {
   std::printf("gdn %s\n", gdn::kVersion);
   std::printf("CPU variants: ");
   for (gdn::CpuIsa isa : {gdn::CpuIsa::generic, gdn::CpuIsa::avx2, gdn::CpuIsa::avx512}) {
-    std::printf("%s%s ", gdn::cpu_isa_name(isa), gdn::cpu_isa_available(isa) ? "" : " (unavailable)");
+    std::printf("%s%s ", gdn::cpu_isa_name(isa),
+                gdn::cpu_isa_available(isa) ? "" : " (unavailable)");
   }
   std::printf("\nselected: %s\n", gdn::cpu_isa_name(gdn::resolve_cpu_isa(gdn::CpuIsa::automatic)));
-  std::printf("OpenMP: %s, default threads: %d\n", gdn::built_with_openmp() ? "yes" : "no", gdn::default_threads());
+  std::printf("OpenMP: %s, default threads: %d\n", gdn::built_with_openmp() ? "yes" : "no",
+              gdn::default_threads());
   return 0;
 }
 
@@ -61,11 +63,12 @@ int main(int argc, char** argv) {
     if (command == "forward") return gdn::cli::forward_command(argc, argv);
     if (command == "bench") return gdn::cli::bench_command(argc, argv);
     if (command == "version" || command == "--version") return print_version();
-    std::fprintf(stderr, "gdn: unknown command '%s' (expected forward, bench, version or help)\n", command.c_str());
+    std::fprintf(stderr, "gdn: unknown command '%s' (expected forward, bench, version or help)\n",
+                 command.c_str());
     return 2;
   } catch (const gdn::cli::UsageError& e) {
-    std::fprintf(stderr, "gdn %s: error: %s\nRun 'gdn %s --help' for usage.\n", command.c_str(), e.what(),
-                 command.c_str());
+    std::fprintf(stderr, "gdn %s: error: %s\nRun 'gdn %s --help' for usage.\n", command.c_str(),
+                 e.what(), command.c_str());
     return 2;
   } catch (const gdn::npy::NpyError& e) {
     std::fprintf(stderr, "gdn %s: error: %s\n", command.c_str(), e.what());

@@ -37,7 +37,8 @@ std::string dict_value(const std::string& path, const std::string& header, const
   }
   if (at == std::string::npos) fail(path, "malformed header: no '" + key + "' key in " + header);
   while (at < header.size() && std::isspace(static_cast<unsigned char>(header[at]))) ++at;
-  if (at >= header.size() || header[at] != ':') fail(path, "malformed header: no ':' after '" + key + "'");
+  if (at >= header.size() || header[at] != ':')
+    fail(path, "malformed header: no ':' after '" + key + "'");
   ++at;
   while (at < header.size() && std::isspace(static_cast<unsigned char>(header[at]))) ++at;
   std::size_t end = at;
@@ -55,7 +56,8 @@ std::string dict_value(const std::string& path, const std::string& header, const
 }
 
 DType parse_descr(const std::string& path, std::string descr) {
-  if (descr.size() < 2 || (descr.front() != '\'' && descr.front() != '"') || descr.back() != descr.front()) {
+  if (descr.size() < 2 || (descr.front() != '\'' && descr.front() != '"') ||
+      descr.back() != descr.front()) {
     fail(path, "malformed header: 'descr' is not a string: " + descr);
   }
   descr = descr.substr(1, descr.size() - 2);
@@ -74,7 +76,8 @@ DType parse_descr(const std::string& path, std::string descr) {
   if (kind == "f8") return DType::f64;
   if (kind == "i4") return DType::i32;
   if (kind == "i8") return DType::i64;
-  fail(path, "unsupported dtype '" + descr + "': expected <f4, <f8, <i4 or <i8 (float32, float64, int32, int64)");
+  fail(path, "unsupported dtype '" + descr +
+                 "': expected <f4, <f8, <i4 or <i8 (float32, float64, int32, int64)");
 }
 
 std::vector<std::int64_t> parse_shape(const std::string& path, const std::string& text) {
@@ -84,14 +87,17 @@ std::vector<std::int64_t> parse_shape(const std::string& path, const std::string
   std::vector<std::int64_t> shape;
   std::size_t at = 1;
   while (at < text.size() - 1) {
-    while (at < text.size() - 1 && (std::isspace(static_cast<unsigned char>(text[at])) || text[at] == ',')) ++at;
+    while (at < text.size() - 1 &&
+           (std::isspace(static_cast<unsigned char>(text[at])) || text[at] == ','))
+      ++at;
     if (at >= text.size() - 1) break;
     std::size_t end = at;
     while (end < text.size() - 1 && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
     // Python 2 era files may write "3L".
     if (end == at) fail(path, "malformed header: bad dimension in shape " + text);
     const std::string digits = text.substr(at, end - at);
-    if (digits.size() > 15) fail(path, "dimension " + digits + " in shape " + text + " is too large");
+    if (digits.size() > 15)
+      fail(path, "dimension " + digits + " in shape " + text + " is too large");
     shape.push_back(std::stoll(digits));
     at = end;
     if (at < text.size() - 1 && text[at] == 'L') ++at;
@@ -118,19 +124,21 @@ Tensor load(const std::string& path) {
   std::int64_t header_length = 0;
   std::int64_t prefix = 0;
   if (major == 1) {
-    header_length = static_cast<unsigned char>(preamble[8]) |
-                    (static_cast<unsigned char>(preamble[9]) << 8);
+    header_length =
+        static_cast<unsigned char>(preamble[8]) | (static_cast<unsigned char>(preamble[9]) << 8);
     prefix = 10;
   } else if (major == 2 || major == 3) {
     in.read(preamble + 10, 2);
     if (in.gcount() < 2) fail(path, "truncated header");
     for (int i = 0; i < 4; ++i) {
-      header_length |= static_cast<std::int64_t>(static_cast<unsigned char>(preamble[8 + i])) << (8 * i);
+      header_length |= static_cast<std::int64_t>(static_cast<unsigned char>(preamble[8 + i]))
+                       << (8 * i);
     }
     prefix = 12;
   } else {
     fail(path, "unsupported .npy format version " + std::to_string(major) + "." +
-                   std::to_string(static_cast<unsigned char>(preamble[7])) + " (expected 1.0, 2.0 or 3.0)");
+                   std::to_string(static_cast<unsigned char>(preamble[7])) +
+                   " (expected 1.0, 2.0 or 3.0)");
   }
   if (header_length > kMaxHeader || prefix + header_length > file_size) {
     fail(path, "truncated or corrupt header (header length " + std::to_string(header_length) +
@@ -162,8 +170,9 @@ Tensor load(const std::string& path) {
   }
   const std::int64_t data_bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
   const std::int64_t available = file_size - prefix - header_length;
-  const std::string described = "shape " + shape_string(static_cast<int>(shape.size()), sizes) + " of " +
-                                dtype_name(dtype) + " needs " + std::to_string(data_bytes) + " bytes of data";
+  const std::string described = "shape " + shape_string(static_cast<int>(shape.size()), sizes) +
+                                " of " + dtype_name(dtype) + " needs " +
+                                std::to_string(data_bytes) + " bytes of data";
   if (available < data_bytes) {
     fail(path, "truncated: " + described + ", the file has " + std::to_string(available));
   }
@@ -180,11 +189,20 @@ Tensor load(const std::string& path) {
 void save(const std::string& path, DType dtype, int rank, const Dims& sizes, const void* data) {
   const char* descr = nullptr;
   switch (dtype) {
-    case DType::f32: descr = "<f4"; break;
-    case DType::f64: descr = "<f8"; break;
-    case DType::i32: descr = "<i4"; break;
-    case DType::i64: descr = "<i8"; break;
-    default: fail(path, std::string("cannot write dtype ") + dtype_name(dtype));
+    case DType::f32:
+      descr = "<f4";
+      break;
+    case DType::f64:
+      descr = "<f8";
+      break;
+    case DType::i32:
+      descr = "<i4";
+      break;
+    case DType::i64:
+      descr = "<i8";
+      break;
+    default:
+      fail(path, std::string("cannot write dtype ") + dtype_name(dtype));
   }
   std::ostringstream dict;
   dict << "{'descr': '" << descr << "', 'fortran_order': False, 'shape': (";
@@ -208,15 +226,21 @@ void save(const std::string& path, DType dtype, int rank, const Dims& sizes, con
   out.write(kMagic, kMagicLength);
   const std::uint32_t length = static_cast<std::uint32_t>(header.size());
   if (prefix == 10) {
-    const char version[4] = {1, 0, static_cast<char>(length & 0xff), static_cast<char>(length >> 8)};
+    const char version[4] = {1, 0, static_cast<char>(length & 0xff),
+                             static_cast<char>(length >> 8)};
     out.write(version, 4);
   } else {
-    const char version[6] = {2, 0, static_cast<char>(length & 0xff), static_cast<char>((length >> 8) & 0xff),
-                             static_cast<char>((length >> 16) & 0xff), static_cast<char>(length >> 24)};
+    const char version[6] = {2,
+                             0,
+                             static_cast<char>(length & 0xff),
+                             static_cast<char>((length >> 8) & 0xff),
+                             static_cast<char>((length >> 16) & 0xff),
+                             static_cast<char>(length >> 24)};
     out.write(version, 6);
   }
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(count * dtype_size(dtype)));
+  out.write(static_cast<const char*>(data),
+            static_cast<std::streamsize>(count * dtype_size(dtype)));
   if (!out) fail(path, "write failed");
 }
 
