@@ -31,7 +31,7 @@ struct ForwardOptions {
   bool use_qk_l2norm = false;
   // Tokens per chunk, 1 to 256. Residuals are laid out per chunk of this size.
   int chunk_size = 64;
-  // Worker threads; 0 = default_threads(). Results do not depend on it (bit for bit).
+  // Worker threads, 0 to 1024; 0 = default_threads(). Results do not depend on it (bit for bit).
   int threads = 0;
   Algorithm algorithm = Algorithm::automatic;
   CpuIsa isa = CpuIsa::automatic;
@@ -61,8 +61,11 @@ struct ForwardInputs {
 //                its top-left n x n block and zeros the rest. Optional.
 // Residuals use the compute dtype: f32 for f32 inputs, f64 for f64 inputs. Chunks are
 // numbered sequence by sequence: sequence s owns chunks [first_chunk(s), first_chunk(s) +
-// ceil(len_s / C)). Outputs must not overlap each other or any input (final_state aliasing
-// initial_state exactly is the one exception). Any strides that do not overlap.
+// ceil(len_s / C)). The address range of an output must not overlap that of another output
+// or of any input (final_state being exactly the view of initial_state is the one exception),
+// and an output's strides, sorted by magnitude, must each step over everything the smaller
+// dimensions span (contiguous, transposed, sliced and padded layouts all qualify).
+// Every pointer (inputs and outputs) must be aligned to its element size.
 struct ForwardOutputs {
   MutableTensorView o;
   MutableTensorView final_state;

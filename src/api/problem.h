@@ -29,14 +29,11 @@ struct TokenTensor {
   Pointer data = nullptr;
   DType dtype = DType::f32;
   std::int64_t batch = 0, token = 0, head = 0, dim = 0;
-
-  std::int64_t offset(const Sequence& s, std::int64_t t, std::int64_t h) const {
-    return s.batch * batch + (s.start + t) * token + h * head;
-  }
 };
 
 // A [outer, Hv, rows, cols] tensor: states [N, Hv, Dk, Dv] (outer = sequence), chunk_states
-// [total_chunks, Hv, Dk, Dv] and t_inv [total_chunks, Hv, C, C] (outer = chunk).
+// [total_chunks, Hv, Dk, Dv] and t_inv [total_chunks, Hv, C, C] (outer = chunk). Element
+// (index, h, r, c) lives at data + (index * outer + h * head + r * row + c * col) elements.
 template <class Pointer>
 struct MatrixTensor {
   Pointer data = nullptr;  // null: absent
@@ -48,6 +45,7 @@ struct MatrixTensor {
 
 struct ForwardProblem {
   ForwardShape shape;
+  std::int64_t group = 1;  // value heads per key head, Hv / Hk
   double scale = 1.0;
   bool l2norm = false;
   int chunk_size = 64;
@@ -61,9 +59,6 @@ struct ForwardProblem {
 
   TokenTensor<std::byte*> o;
   MatrixTensor<std::byte*> final_state, chunk_states, t_inv;
-
-  std::int64_t group() const { return shape.hv / shape.hk; }  // value heads per key head
-  bool wants_residuals() const { return chunk_states.data != nullptr || t_inv.data != nullptr; }
 };
 
 }  // namespace gdn::detail

@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <string>
 
@@ -114,16 +115,29 @@ Tensor::Tensor(DType dtype, int rank, const Dims& sizes)
   if (rank < 1 || rank > kMaxRank) {
     throw InvalidArgument("rank", "1 to 4", std::to_string(rank));
   }
+  std::int64_t count = 1, bytes = 0;
   for (int i = 0; i < rank; ++i) {
-    if (sizes[i] < 0)
+    if (sizes[i] < 0) {
       throw InvalidArgument("shape", "non-negative sizes", shape_string(rank, sizes));
+    }
+    if (__builtin_mul_overflow(count, sizes[i], &count)) {
+      throw InvalidArgument("shape", "an element count that fits in int64",
+                            shape_string(rank, sizes));
+    }
   }
   // Round up to a whole cache line; at least one line so that data() is never null.
-  const std::size_t bytes = ((this->bytes() + 63) / 64 + 1) * 64;
-  void* p = std::aligned_alloc(64, bytes);
-  if (p == nullptr)
-    throw RuntimeError("out of memory allocating " + std::to_string(bytes) + " bytes");
-  std::memset(p, 0, bytes);
+  if (__builtin_mul_overflow(count, static_cast<std::int64_t>(dtype_size(dtype)), &bytes) ||
+      bytes > std::numeric_limits<std::int64_t>::max() - 128) {
+    throw InvalidArgument("shape", "a size in bytes that fits in int64",
+                          shape_string(rank, sizes) + " of " + dtype_name(dtype));
+  }
+  const auto alloc = static_cast<std::size_t>((bytes + 63) / 64 + 1) * 64;
+  void* p = std::aligned_alloc(64, alloc);
+  if (p == nullptr) {
+    throw RuntimeError("out of memory allocating " + std::to_string(alloc) +
+                       " bytes for a tensor " + shape_string(rank, sizes));
+  }
+  std::memset(p, 0, alloc);
   storage_.reset(static_cast<std::byte*>(p));
 }
 

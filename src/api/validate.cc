@@ -16,6 +16,9 @@ namespace {
 
 constexpr std::int64_t kMaxHeadDim = 256;
 constexpr int kMaxChunkSize = 256;
+// More worker threads than this is a mistake, not a machine: each one gets a workspace and an
+// OpenMP thread stack.
+constexpr int kMaxThreads = 1024;
 
 std::string dims_string(std::initializer_list<std::int64_t> dims) {
   Dims d{};
@@ -26,6 +29,7 @@ std::string dims_string(std::initializer_list<std::int64_t> dims) {
 
 template <class View>
 std::string shape_of(const View& view) {
+  if (view.rank < 0 || view.rank > kMaxRank) return "rank " + std::to_string(view.rank);
   return view.present() ? shape_string(view.rank, view.sizes) : std::string("absent");
 }
 
@@ -34,25 +38,47 @@ std::string shape_of(const View& view) {
   throw InvalidArgument(argument, expected, given);
 }
 
-// Sizes non-negative and the farthest element offset representable in int64.
+// A rank the view types can hold (0 = absent, for optional arguments).
+template <class View>
+void check_rank(const char* name, const View& view) {
+  if (view.rank < 0 || view.rank > kMaxRank) {
+    fail(name, "a rank from 0 (absent) to 4", std::to_string(view.rank));
+  }
+}
+
+// Sizes non-negative, the element count and the byte offset of the farthest element
+// representable in int64, and a non-null pointer aligned to the element size.
 template <class View>
 void check_extent(const char* name, const View& view) {
-  std::int64_t reach = 0;
+  std::int64_t count = 1;
   for (int i = 0; i < view.rank; ++i) {
     if (view.sizes[i] < 0) fail(name, "non-negative sizes", shape_of(view));
-    if (view.sizes[i] == 0) return;
+    if (__builtin_mul_overflow(count, view.sizes[i], &count)) {
+      fail(name, "an element count that fits in int64", shape_of(view));
+    }
   }
+  if (count == 0) return;
+  const auto elem = static_cast<std::int64_t>(dtype_size(view.dtype));
+  std::int64_t reach = 0, bytes = 0;
   for (int i = 0; i < view.rank; ++i) {
     std::int64_t step = 0;
     std::int64_t stride = view.strides[i] < 0 ? -view.strides[i] : view.strides[i];
     if (__builtin_mul_overflow(view.sizes[i] - 1, stride, &step) ||
-        __builtin_add_overflow(reach, step, &reach)) {
-      fail(name, "element offsets that fit in int64",
+        __builtin_add_overflow(reach, step, &reach) ||
+        __builtin_mul_overflow(reach + 1, elem, &bytes)) {
+      fail(name, "byte offsets that fit in int64",
            "sizes " + shape_of(view) + " with strides " + shape_string(view.rank, view.strides));
     }
   }
   if (view.data == nullptr) {
-    fail(name, "a non-null data pointer for " + std::to_string(view.numel()) + " elements", "null");
+    fail(name, "a non-null data pointer for " + std::to_string(count) + " elements", "null");
+  }
+  if (reinterpret_cast<std::uintptr_t>(view.data) % static_cast<std::uintptr_t>(elem) != 0) {
+    std::ostringstream given;
+    given << view.data;
+    fail(name,
+         "a pointer aligned to " + std::to_string(elem) + " bytes (" + dtype_name(view.dtype) + ")",
+         given.str());
   }
 }
 
@@ -170,6 +196,15 @@ MatrixTensor<BytePointer<Pointer>> matrix_tensor(const BasicTensorView<Pointer>&
 
 ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& options,
                              std::vector<Sequence>* sequences) {
+  for (const auto& [name, view] : {std::pair<const char*, const TensorView*>{"q", &in.q},
+                                   {"k", &in.k},
+                                   {"v", &in.v},
+                                   {"g", &in.g},
+                                   {"beta", &in.beta},
+                                   {"initial_state", &in.initial_state},
+                                   {"cu_seqlens", &in.cu_seqlens}}) {
+    check_rank(name, *view);
+  }
   const TensorView& q = in.q;
   if (q.rank != 3 && q.rank != 4) {
     fail("q", "rank 3 [T, Hk, Dk] or rank 4 [B, T, Hk, Dk]",
@@ -300,13 +335,32 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
     expect_dtype("initial_state", in.initial_state, q.dtype, same_dtype);
   }
 
-  if (options.scale && !std::isfinite(*options.scale)) {
-    std::ostringstream given;
-    given << *options.scale;
-    fail("options.scale", "a finite number", given.str());
+  if (options.scale) {
+    // float32 kernels hold the scale in float32.
+    const double limit = shape.compute_dtype == DType::f32 ? std::numeric_limits<float>::max()
+                                                           : std::numeric_limits<double>::max();
+    if (!(std::fabs(*options.scale) <= limit)) {
+      std::ostringstream given;
+      given << *options.scale;
+      fail("options.scale",
+           std::string("a finite number") +
+               (shape.compute_dtype == DType::f32 ? " representable in float32" : ""),
+           given.str());
+    }
   }
-  if (options.threads < 0) {
-    fail("options.threads", ">= 0 (0 = all cores)", std::to_string(options.threads));
+  if (options.threads < 0 || options.threads > kMaxThreads) {
+    fail("options.threads", "0 (all cores) to " + std::to_string(kMaxThreads),
+         std::to_string(options.threads));
+  }
+  if (options.algorithm != Algorithm::automatic && options.algorithm != Algorithm::chunked &&
+      options.algorithm != Algorithm::recurrent) {
+    fail("options.algorithm", "automatic, chunked or recurrent",
+         std::to_string(static_cast<int>(options.algorithm)));
+  }
+  if (options.isa != CpuIsa::automatic && options.isa != CpuIsa::generic &&
+      options.isa != CpuIsa::avx2 && options.isa != CpuIsa::avx512) {
+    fail("options.isa", "automatic, generic, avx2 or avx512",
+         std::to_string(static_cast<int>(options.isa)));
   }
   return shape;
 }
@@ -327,6 +381,12 @@ void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
   const std::string why_res = precision == OutputPrecision::float64
                                   ? " (reference outputs are float64)"
                                   : " (the compute dtype of these inputs)";
+  for (const auto& [name, view] : {std::pair<const char*, const MutableTensorView*>{"o", &out.o},
+                                   {"final_state", &out.final_state},
+                                   {"chunk_states", &out.chunk_states},
+                                   {"t_inv", &out.t_inv}}) {
+    check_rank(name, *view);
+  }
 
   if (!out.o.present())
     fail("o", "an output view " + shape_string(shape.o_rank(), shape.o_sizes()), "absent");
@@ -398,6 +458,7 @@ void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
     }
   }
 
+  p.group = shape.hv / shape.hk;
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(shape.dk));
   p.l2norm = options.use_qk_l2norm;
   p.chunk_size = options.chunk_size;

@@ -236,7 +236,7 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
   }
   for (std::int64_t t0 = 0, chunk = seq.first_chunk; t0 < seq.length; t0 += c, ++chunk) {
     const std::int64_t n = min64(c, seq.length - t0);
-    chunk_pack_qk<Real, In>(p, seq, h0 / p.group(), t0, n, l, b);
+    chunk_pack_qk<Real, In>(p, seq, h0 / p.group, t0, n, l, b);
     chunk_gram(n, dk, l, b);
     for (std::int64_t j = 0; j < heads; ++j) {
       const std::int64_t h = h0 + j;

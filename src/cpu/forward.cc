@@ -42,9 +42,12 @@ Buffer allocate(std::size_t bytes) {
 constexpr std::int64_t kMaxGroup = 8;
 
 std::int64_t heads_per_item(const detail::ForwardProblem& p, int threads) {
-  const std::int64_t group = p.group();
+  const std::int64_t group = p.group;
   for (std::int64_t g = group < kMaxGroup ? group : kMaxGroup; g > 1; --g) {
-    if (group % g == 0 && p.shape.num_seqs * p.shape.hk * (group / g) >= 2 * threads) return g;
+    if (group % g == 0 &&
+        p.shape.num_seqs * p.shape.hk * (group / g) >= 2 * std::int64_t{threads}) {
+      return g;
+    }
   }
   return 1;
 }
@@ -56,7 +59,7 @@ void forward(const detail::ForwardProblem& p, CpuIsa isa) {
   const bool f64 = p.shape.compute_dtype == DType::f64;
   const ForwardItemFn chunked = f64 ? table.chunked_f64 : table.chunked_f32;
   const ForwardItemFn recurrent = f64 ? table.recurrent_f64 : table.recurrent_f32;
-  const bool residuals = p.wants_residuals();
+  const bool residuals = p.chunk_states.data != nullptr || p.t_inv.data != nullptr;
 
   int threads = p.threads > 0 ? p.threads : default_threads();
   const std::int64_t heads = heads_per_item(p, threads);

@@ -22,15 +22,26 @@ inline void scatter_row(Out* dst, std::int64_t stride, const Real* src, std::int
   }
 }
 
+template <class Pointer>
+inline std::int64_t matrix_offset(const detail::MatrixTensor<Pointer>& m, std::int64_t index,
+                                  std::int64_t h) {
+  return index * m.outer + h * m.head;
+}
+template <class Pointer>
+inline std::int64_t token_offset(const detail::TokenTensor<Pointer>& x, const detail::Sequence& s,
+                                 std::int64_t t, std::int64_t h) {
+  return s.batch * x.batch + (s.start + t) * x.token + h * x.head;
+}
+
 // The address of element 0 of (index, head) of a matrix tensor, typed.
 template <class T>
 inline const T* matrix_at(const detail::MatrixTensor<const std::byte*>& m, std::int64_t index,
                           std::int64_t h) {
-  return reinterpret_cast<const T*>(m.data) + m.offset(index, h);
+  return reinterpret_cast<const T*>(m.data) + matrix_offset(m, index, h);
 }
 template <class T>
 inline T* matrix_at(const detail::MatrixTensor<std::byte*>& m, std::int64_t index, std::int64_t h) {
-  return reinterpret_cast<T*>(m.data) + m.offset(index, h);
+  return reinterpret_cast<T*>(m.data) + matrix_offset(m, index, h);
 }
 
 // S[rows][ld] = the (index, head) matrix of `src`, or zeros when src is absent.
@@ -77,12 +88,12 @@ inline void store_t_inv(const detail::MatrixTensor<std::byte*>& dst, std::int64_
 template <class T>
 inline const T* token_at(const detail::TokenTensor<const std::byte*>& x, const detail::Sequence& s,
                          std::int64_t t, std::int64_t h) {
-  return reinterpret_cast<const T*>(x.data) + x.offset(s, t, h);
+  return reinterpret_cast<const T*>(x.data) + token_offset(x, s, t, h);
 }
 template <class T>
 inline T* token_at(const detail::TokenTensor<std::byte*>& x, const detail::Sequence& s,
                    std::int64_t t, std::int64_t h) {
-  return reinterpret_cast<T*>(x.data) + x.offset(s, t, h);
+  return reinterpret_cast<T*>(x.data) + token_offset(x, s, t, h);
 }
 
 inline float sqrt_real(float x) { return __builtin_sqrtf(x); }

@@ -55,7 +55,7 @@ void recurrent_head(const detail::ForwardProblem& p, std::int64_t s, std::int64_
   constexpr int W = kLanes<Real>;
   const detail::Sequence& seq = p.seqs[s];
   const std::int64_t dk = p.shape.dk, dv = p.shape.dv, c = p.chunk_size;
-  const std::int64_t hk = h / p.group();
+  const std::int64_t hk = h / p.group;
   const Real scale = static_cast<Real>(p.scale);
   const RecurrentLayout l = recurrent_layout(dk, dv);
   Real* w = reinterpret_cast<Real*>(workspace);

@@ -14,7 +14,7 @@ using Matrix = std::vector<double>;  // row-major
 void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t h) {
   const detail::Sequence& seq = p.seqs[s];
   const std::int64_t dk = p.shape.dk, dv = p.shape.dv, c = p.chunk_size;
-  const std::int64_t hk = h / p.group();
+  const std::int64_t hk = h / p.group;
   Matrix state(dk * dv), next(dk * dv);
   read_matrix(p.initial_state, s, h, dk, dv, state.data());
 

@@ -12,7 +12,7 @@ namespace {
 void recurrent_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t h) {
   const detail::Sequence& seq = p.seqs[s];
   const std::int64_t dk = p.shape.dk, dv = p.shape.dv, c = p.chunk_size;
-  const std::int64_t hk = h / p.group();
+  const std::int64_t hk = h / p.group;
   std::vector<double> state(static_cast<std::size_t>(dk * dv));
   std::vector<double> q(dk), k(dk), v(dv), u(dv), o(dv);
   read_matrix(p.initial_state, s, h, dk, dv, state.data());

@@ -23,6 +23,20 @@ ForwardOutputs outputs_of(ForwardResult& result);
 
 namespace ref {
 
+inline std::int64_t matrix_offset(const detail::MatrixTensor<const std::byte*>& m,
+                                  std::int64_t index, std::int64_t h) {
+  return index * m.outer + h * m.head;
+}
+inline std::int64_t matrix_offset(const detail::MatrixTensor<std::byte*>& m, std::int64_t index,
+                                  std::int64_t h) {
+  return index * m.outer + h * m.head;
+}
+template <class Pointer>
+inline std::int64_t token_offset(const detail::TokenTensor<Pointer>& x, const detail::Sequence& s,
+                                 std::int64_t t, std::int64_t h) {
+  return s.batch * x.batch + (s.start + t) * x.token + h * x.head;
+}
+
 // Element `offset` of a float tensor, as double (exact for f32 and f64).
 inline double read_real(const std::byte* data, DType dtype, std::int64_t offset) {
   if (dtype == DType::f32) return reinterpret_cast<const float*>(data)[offset];
@@ -32,13 +46,13 @@ inline double read_real(const std::byte* data, DType dtype, std::int64_t offset)
 // Row (sequence s, token t, head h) of a token tensor: n elements as double.
 inline void read_row(const detail::TokenTensor<const std::byte*>& x, const detail::Sequence& s,
                      std::int64_t t, std::int64_t h, std::int64_t n, double* out) {
-  const std::int64_t base = x.offset(s, t, h);
+  const std::int64_t base = token_offset(x, s, t, h);
   for (std::int64_t j = 0; j < n; ++j) out[j] = read_real(x.data, x.dtype, base + j * x.dim);
 }
 
 inline double read_scalar(const detail::TokenTensor<const std::byte*>& x, const detail::Sequence& s,
                           std::int64_t t, std::int64_t h) {
-  return read_real(x.data, x.dtype, x.offset(s, t, h));
+  return read_real(x.data, x.dtype, token_offset(x, s, t, h));
 }
 
 // x / sqrt(sum(x^2) + 1e-6), in place.
@@ -52,7 +66,7 @@ inline void l2_normalize(double* x, std::int64_t n) {
 // Outputs of the reference are f64.
 inline void write_row(const detail::TokenTensor<std::byte*>& x, const detail::Sequence& s,
                       std::int64_t t, std::int64_t h, std::int64_t n, const double* values) {
-  double* base = reinterpret_cast<double*>(x.data) + x.offset(s, t, h);
+  double* base = reinterpret_cast<double*>(x.data) + token_offset(x, s, t, h);
   for (std::int64_t j = 0; j < n; ++j) base[j * x.dim] = values[j];
 }
 
@@ -61,9 +75,10 @@ inline void read_matrix(const detail::MatrixTensor<const std::byte*>& m, std::in
                         std::int64_t h, std::int64_t rows, std::int64_t cols, double* out) {
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < cols; ++c) {
-      out[r * cols + c] = m.data == nullptr ? 0.0
-                                            : read_real(m.data, m.dtype,
-                                                        m.offset(index, h) + r * m.row + c * m.col);
+      out[r * cols + c] =
+          m.data == nullptr
+              ? 0.0
+              : read_real(m.data, m.dtype, matrix_offset(m, index, h) + r * m.row + c * m.col);
     }
   }
 }
@@ -74,7 +89,7 @@ inline void write_matrix(const detail::MatrixTensor<std::byte*>& m, std::int64_t
                          std::int64_t h, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                          const double* values, std::int64_t padded_rows, std::int64_t padded_cols) {
   if (m.data == nullptr) return;
-  double* base = reinterpret_cast<double*>(m.data) + m.offset(index, h);
+  double* base = reinterpret_cast<double*>(m.data) + matrix_offset(m, index, h);
   for (std::int64_t r = 0; r < padded_rows; ++r) {
     for (std::int64_t c = 0; c < padded_cols; ++c) {
       base[r * m.row + c * m.col] = (r < rows && c < cols) ? values[r * ld + c] : 0.0;
@@ -82,14 +97,15 @@ inline void write_matrix(const detail::MatrixTensor<std::byte*>& m, std::int64_t
   }
 }
 
-// Runs fn(s, h) for every (sequence, value head) with problem.threads threads.
+// Runs fn(s, h) for every (sequence, value head) with problem.threads threads (no more than
+// there are items).
 template <class Fn>
 void for_each_item(const detail::ForwardProblem& p, Fn&& fn) {
   const std::int64_t items = p.shape.num_seqs * p.shape.hv;
 #ifdef _OPENMP
-  const int threads = p.threads > 0 ? p.threads : 0;
-#pragma omp parallel for schedule(dynamic, 1) \
-    num_threads(threads > 0 ? threads : omp_get_max_threads())
+  std::int64_t threads = p.threads > 0 ? p.threads : omp_get_max_threads();
+  if (threads > items) threads = items > 0 ? items : 1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast <int>(threads))
 #endif
   for (std::int64_t item = 0; item < items; ++item) fn(item / p.shape.hv, item % p.shape.hv);
 }
@@ -99,7 +115,8 @@ void for_each_item(const detail::ForwardProblem& p, Fn&& fn) {
 template <class Item>
 void run_reference(const ForwardInputs& inputs, const ForwardOutputs& outputs,
                    ForwardOptions options, Algorithm algorithm, Item item) {
-  options.algorithm = algorithm;
+  options.algorithm = algorithm;  // options.algorithm and options.isa are ignored
+  options.isa = CpuIsa::automatic;
   detail::ValidatedForward validated;
   detail::validate_forward(inputs, outputs, options, detail::OutputPrecision::float64, &validated);
   const detail::ForwardProblem& p = validated.problem;
@@ -108,8 +125,10 @@ void run_reference(const ForwardInputs& inputs, const ForwardOutputs& outputs,
 
 // The allocating form of a reference entry point.
 template <class Fn>
-ForwardResult run_reference_allocating(const ForwardInputs& inputs, const ForwardOptions& options,
+ForwardResult run_reference_allocating(const ForwardInputs& inputs, ForwardOptions options,
                                        Residuals residuals, bool t_inv, Fn fn) {
+  options.algorithm = Algorithm::automatic;  // ignored by the reference
+  options.isa = CpuIsa::automatic;
   const ForwardShape shape = forward_shape(inputs, options);
   ForwardResult r =
       detail::allocate_forward_result(shape, DType::f64, DType::f64, residuals, t_inv);

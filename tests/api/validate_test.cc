@@ -74,6 +74,9 @@ void expect_invalid(const std::string& argument, const std::vector<std::string>&
             argument == "t_inv") {
           continue;  // output checks differ for the reference (f64 outputs)
         }
+        if (argument == "options.algorithm" || argument == "options.isa") {
+          continue;  // the reference ignores both (gdn/reference.h)
+        }
         ref::recurrent_fwd(s.in, out64, s.options);
       }
       ADD_FAILURE() << "no error for a bad '" << argument << "' (" << (which ? "reference" : "cpu")
@@ -149,7 +152,16 @@ TEST(Validation, Options) {
                  [](Fixture& s) { s.options.chunk_size = 512; });
   expect_invalid("options.scale", {"finite", "nan"},
                  [](Fixture& s) { s.options.scale = std::nan(""); });
-  expect_invalid("options.threads", {">= 0", "-2"}, [](Fixture& s) { s.options.threads = -2; });
+  expect_invalid("options.threads", {"0 (all cores) to 1024", "-2"},
+                 [](Fixture& s) { s.options.threads = -2; });
+  expect_invalid("options.threads", {"0 (all cores) to 1024", "100000"},
+                 [](Fixture& s) { s.options.threads = 100000; });
+  expect_invalid("options.scale", {"representable in float32", "1e+300"},
+                 [](Fixture& s) { s.options.scale = 1e300; });
+  expect_invalid("options.algorithm", {"automatic, chunked or recurrent", "9"},
+                 [](Fixture& s) { s.options.algorithm = static_cast<Algorithm>(9); });
+  expect_invalid("options.isa", {"automatic, generic, avx2 or avx512", "9"},
+                 [](Fixture& s) { s.options.isa = static_cast<CpuIsa>(9); });
 }
 
 TEST(Validation, Outputs) {
@@ -177,6 +189,48 @@ TEST(Validation, Aliasing) {
     // allocation is padded to whole cache lines, and nothing is written on error anyway).
     s.out.final_state.data = static_cast<float*>(const_cast<void*>(s.in.initial_state.data)) + 1;
   });
+}
+
+// Views that no framework would produce: impossible ranks, misaligned pointers, sizes whose
+// element count or byte offsets overflow.
+TEST(Validation, MalformedViews) {
+  expect_invalid("q", {"rank from 0 (absent) to 4", "100000"},
+                 [](Fixture& s) { s.in.q.rank = 100000; });
+  expect_invalid("v", {"rank from 0 (absent) to 4", "5"}, [](Fixture& s) { s.in.v.rank = 5; });
+  expect_invalid("cu_seqlens", {"rank from 0 (absent) to 4", "9"},
+                 [](Fixture& s) { s.in.cu_seqlens.rank = 9; });
+  expect_invalid("o", {"rank from 0 (absent) to 4", "9"}, [](Fixture& s) { s.out.o.rank = 9; });
+  expect_invalid("final_state", {"rank from 0 (absent) to 4", "-1"},
+                 [](Fixture& s) { s.out.final_state.rank = -1; });
+  expect_invalid("q", {"aligned to 4 bytes (f32)"},
+                 [](Fixture& s) { s.in.q.data = static_cast<const char*>(s.in.q.data) + 2; });
+  expect_invalid("o", {"aligned to 4 bytes (f32)"},
+                 [](Fixture& s) { s.out.o.data = static_cast<char*>(s.out.o.data) + 1; });
+  expect_invalid("k", {"byte offsets that fit in int64"},
+                 [](Fixture& s) { s.in.k.strides[0] = std::int64_t{1} << 62; });
+  expect_invalid("q", {"element count that fits in int64"}, [](Fixture& s) {
+    s.in.q.sizes = {std::int64_t{1} << 40, std::int64_t{1} << 30, 16, 0};
+  });
+}
+
+// The allocating API never allocates a tensor whose byte size does not fit.
+TEST(Validation, HugeAllocationIsRefused) {
+  EXPECT_THROW(Tensor(DType::f64, {std::int64_t{1} << 31, std::int64_t{1} << 30, 4}),
+               InvalidArgument);
+  EXPECT_THROW(Tensor(DType::f32, {std::int64_t{1} << 62, 4}), InvalidArgument);
+  // T = 0 with absurd head counts passes validation (nothing to read), but the final states
+  // it implies cannot be allocated: a clear error, not a wrapped size.
+  std::vector<std::int64_t> cu(33, 0);
+  const std::int64_t hv = std::int64_t{1} << 40;
+  ForwardInputs in;
+  in.q = TensorView(static_cast<const double*>(nullptr), {0, 1, 256});
+  in.k = in.q;
+  in.v = TensorView(static_cast<const double*>(nullptr), {0, hv, 256});
+  in.g = TensorView(static_cast<const double*>(nullptr), {0, hv});
+  in.beta = in.g;
+  in.cu_seqlens = TensorView(cu.data(), {33});
+  EXPECT_THROW(chunk_gated_delta_rule_fwd(in, ForwardOptions{}), InvalidArgument);
+  EXPECT_THROW(ref::recurrent_fwd(in, ForwardOptions{}), InvalidArgument);
 }
 
 TEST(Validation, BatchedLayoutRejectsCuSeqlens) {

@@ -153,6 +153,12 @@ TEST(Npy, RejectsMalformedFiles) {
       dir / "rank5.npy",
       npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 6), }", data));
   expect_rejected(dir / "rank5.npy", "1 to 4 dimensions");
+  // A shape whose byte size wraps around int64 (2^31 x 2^30 x 1 of f8 = 2^64 bytes).
+  write_bytes(
+      dir / "wrap.npy",
+      npy_file("{'descr': '<f8', 'fortran_order': False, 'shape': (2147483648, 1073741824, 1), }",
+               ""));
+  expect_rejected(dir / "wrap.npy", "too large");
   std::string huge_header = npy_file(ok_dict, data);
   huge_header[8] = '\xff';
   huge_header[9] = '\xff';

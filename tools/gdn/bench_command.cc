@@ -141,7 +141,7 @@ int bench_command(int argc, char** argv) {
   const std::int64_t dv = args.integer("dv", 128, 1, 256);
   const int chunk = static_cast<int>(args.integer("chunk-size", 64, 1, 256));
   const int repeats = static_cast<int>(args.integer("repeats", 5, 1, 1000));
-  int threads = static_cast<int>(args.integer("threads", 0, 0, 4096));
+  int threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   const bool json = args.flag("json");
   const std::string isa_name = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
   if (hv % hk != 0) {

@@ -78,7 +78,7 @@ int forward_command(int argc, char** argv) {
   const std::filesystem::path out_dir = args.required_text("out");
   ForwardOptions options;
   options.chunk_size = static_cast<int>(args.integer("chunk-size", 64, 1, 256));
-  options.threads = static_cast<int>(args.integer("threads", 0, 0, 4096));
+  options.threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   options.use_qk_l2norm = args.flag("l2norm");
   if (auto s = args.number("scale")) options.scale = *s;
   const std::string algorithm = args.choice("algorithm", "auto", {"auto", "chunked", "recurrent"});

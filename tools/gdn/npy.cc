@@ -168,7 +168,10 @@ Tensor load(const std::string& path) {
     sizes[i] = shape[i];
     if (__builtin_mul_overflow(count, shape[i], &count)) fail(path, "shape too large");
   }
-  const std::int64_t data_bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
+  std::int64_t data_bytes = 0;
+  if (__builtin_mul_overflow(count, static_cast<std::int64_t>(dtype_size(dtype)), &data_bytes)) {
+    fail(path, "shape too large");
+  }
   const std::int64_t available = file_size - prefix - header_length;
   const std::string described = "shape " + shape_string(static_cast<int>(shape.size()), sizes) +
                                 " of " + dtype_name(dtype) + " needs " +
