@@ -23,13 +23,33 @@ inline double chunked_forward_flops_per_chunk(double n, double dk, double dv) {
          dk * dv;
 }
 
-// The whole chunked forward: full chunks of c tokens plus the last partial chunk of each
-// sequence, times Hv.
-inline double chunked_forward_flops(std::int64_t tokens_per_seq, std::int64_t seqs, std::int64_t hv,
-                                    std::int64_t dk, std::int64_t dv, std::int64_t c) {
+// The chunked backward over one chunk of n tokens, given the chunk's state and T^-1
+// (docs/math.md section 5.2), per value head:
+//   recompute  [Q;K] K^T 2 n^2 dk, [Q;K] S 4 n dk dv, V_new = A R n(n+1) dv
+//   values     K dS' 2 n dk dv, P^T dO and A^T dV_new 2 n(n+1) dv, [dO; dR] V_new^T 2 n^2 dv
+//   q, k       four triangular products with K or Q 4 n^2 dk, [e dO; -b e dR] S^T 4 n dk dv,
+//              (d V_new) dS'^T 2 n dk dv
+//   state      [Q;K]^T [e dO; -b e dR] 4 n dk dv
+// = 16 n dk dv + 6 n^2 dk + ~5 n^2 dv (+ O(n d) element-wise work, not counted).
+inline double chunked_backward_flops_per_chunk(double n, double dk, double dv) {
+  return 16 * n * dk * dv + 6 * n * n * dk + 5 * n * n * dv;
+}
+
+// Rebuilding one chunk's state without residuals (the t_inv and none policies):
+// [Q;K] K^T 2 n^2 dk, K S 2 n dk dv, V_new = A R n^2 dv, the state update 2 n dk dv, and with
+// no t_inv kept the solve n^3 / 3. Counted once per chunk (a single rebuild pass); sequences
+// long enough to be checkpointed rebuild twice (src/cpu/backward.cc).
+inline double rebuild_flops_per_chunk(double n, double dk, double dv, bool solve) {
+  return 2 * n * n * dk + 4 * n * dk * dv + n * n * dv + (solve ? n * n * n / 3 : 0.0);
+}
+
+// Sums a per-chunk cost over the chunks of `seqs` sequences of tokens_per_seq tokens, x Hv.
+template <class PerChunk>
+double over_chunks(std::int64_t tokens_per_seq, std::int64_t seqs, std::int64_t hv, std::int64_t c,
+                   PerChunk&& per_chunk) {
   const std::int64_t full = tokens_per_seq / c, rest = tokens_per_seq % c;
-  double per_seq = static_cast<double>(full) * chunked_forward_flops_per_chunk(c, dk, dv);
-  if (rest > 0) per_seq += chunked_forward_flops_per_chunk(static_cast<double>(rest), dk, dv);
+  double per_seq = static_cast<double>(full) * per_chunk(static_cast<double>(c));
+  if (rest > 0) per_seq += per_chunk(static_cast<double>(rest));
   return per_seq * static_cast<double>(seqs * hv);
 }
 

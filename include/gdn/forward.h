@@ -93,8 +93,12 @@ struct ForwardShape {
 };
 ForwardShape forward_shape(const ForwardInputs& inputs, const ForwardOptions& options = {});
 
-// Which residuals a forward keeps for the backward pass.
-enum class Residuals : std::uint8_t { none, all };
+// Which residuals a forward keeps for the backward pass (the remat policy; gdn/backward.h).
+enum class Residuals : std::uint8_t {
+  none,   // nothing: the backward rebuilds the chunk states and T^-1
+  t_inv,  // T^-1 of every chunk: the backward rebuilds the chunk states, reusing it
+  all,    // chunk_states and t_inv: the backward repeats no forward recurrence
+};
 
 // Bytes of the residuals kept under `residuals` for this problem.
 std::int64_t residual_bytes(const ForwardShape& shape, Residuals residuals);
@@ -104,8 +108,8 @@ std::int64_t residual_bytes(const ForwardShape& shape, Residuals residuals);
 void chunk_gated_delta_rule_fwd(const ForwardInputs& inputs, const ForwardOutputs& outputs,
                                 const ForwardOptions& options = {});
 
-// The same, allocating its outputs (contiguous). final_state is always returned;
-// chunk_states and t_inv when `residuals` is Residuals::all (t_inv not with
+// The same, allocating its outputs (contiguous). final_state is always returned; t_inv with
+// Residuals::t_inv; chunk_states and t_inv with Residuals::all (t_inv not with
 // Algorithm::recurrent, which forms no T^-1).
 struct ForwardResult {
   Tensor o, final_state, chunk_states, t_inv;

@@ -1,6 +1,7 @@
 // gdn/gdn.h: the whole public API of the gdn library.
 #pragma once
 
+#include "gdn/backward.h"   // IWYU pragma: export
 #include "gdn/error.h"      // IWYU pragma: export
 #include "gdn/forward.h"    // IWYU pragma: export
 #include "gdn/reference.h"  // IWYU pragma: export

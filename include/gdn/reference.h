@@ -1,4 +1,4 @@
-// gdn/reference.h: the float64 reference of the forward pass (namespace gdn::ref).
+// gdn/reference.h: the float64 reference of the forward and backward passes (gdn::ref).
 //
 // Plain loops in float64, whatever the input dtype (inputs are converted up exactly). Same
 // arguments, layouts and validation as gdn::chunk_gated_delta_rule_fwd, except that every
@@ -12,6 +12,7 @@
 //                  It writes every output, residuals included.
 #pragma once
 
+#include "gdn/backward.h"
 #include "gdn/forward.h"
 
 namespace gdn::ref {
@@ -27,5 +28,13 @@ ForwardResult recurrent_fwd(const ForwardInputs& inputs, const ForwardOptions& o
                             Residuals residuals = Residuals::none);
 ForwardResult chunked_fwd(const ForwardInputs& inputs, const ForwardOptions& options = {},
                           Residuals residuals = Residuals::none);
+
+// The backward pass by reverse-mode differentiation of the token recurrence (the definition),
+// in float64: tests/reference checks it against central finite differences of recurrent_fwd.
+// Residuals in `inputs` are ignored (everything is recomputed); every output must be f64;
+// d_initial_state is optional. Same validation as gdn::chunk_gated_delta_rule_bwd.
+void recurrent_bwd(const BackwardInputs& inputs, const BackwardOutputs& outputs,
+                   const ForwardOptions& options = {});
+BackwardResult recurrent_bwd(const BackwardInputs& inputs, const ForwardOptions& options = {});
 
 }  // namespace gdn::ref

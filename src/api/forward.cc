@@ -21,11 +21,12 @@ ForwardShape forward_shape(const ForwardInputs& inputs, const ForwardOptions& op
 }
 
 std::int64_t residual_bytes(const ForwardShape& shape, Residuals residuals) {
-  if (residuals == Residuals::none) return 0;
   const auto elem = static_cast<std::int64_t>(dtype_size(shape.compute_dtype));
-  const std::int64_t per_chunk =
-      shape.hv * (shape.dk * shape.dv + shape.chunk_size * shape.chunk_size);
-  return shape.total_chunks * per_chunk * elem;
+  const std::int64_t states = shape.dk * shape.dv, t_inv = shape.chunk_size * shape.chunk_size;
+  const std::int64_t per_chunk = residuals == Residuals::all     ? states + t_inv
+                                 : residuals == Residuals::t_inv ? t_inv
+                                                                 : 0;
+  return shape.total_chunks * shape.hv * per_chunk * elem;
 }
 
 void chunk_gated_delta_rule_fwd(const ForwardInputs& inputs, const ForwardOutputs& outputs,
@@ -42,10 +43,8 @@ ForwardResult allocate_forward_result(const ForwardShape& shape, DType out, DTyp
   ForwardResult r;
   r.o = Tensor(out, shape.o_rank(), shape.o_sizes());
   r.final_state = Tensor(out, 4, shape.state_sizes());
-  if (residuals == Residuals::all) {
-    r.chunk_states = Tensor(residual, 4, shape.chunk_states_sizes());
-    if (t_inv) r.t_inv = Tensor(residual, 4, shape.t_inv_sizes());
-  }
+  if (residuals == Residuals::all) r.chunk_states = Tensor(residual, 4, shape.chunk_states_sizes());
+  if (residuals != Residuals::none && t_inv) r.t_inv = Tensor(residual, 4, shape.t_inv_sizes());
   return r;
 }
 

@@ -61,4 +61,14 @@ struct ForwardProblem {
   MatrixTensor<std::byte*> final_state, chunk_states, t_inv;
 };
 
+// A validated backward problem: the forward's inputs and options in `fwd` (its output fields
+// unused), the cotangents, the residuals the caller kept (null when absent) and the gradients.
+struct BackwardProblem {
+  ForwardProblem fwd;
+  TokenTensor<const std::byte*> d_o;
+  MatrixTensor<const std::byte*> d_final_state, chunk_states, t_inv;
+  TokenTensor<std::byte*> dq, dk, dv, dg, dbeta;
+  MatrixTensor<std::byte*> d_initial_state;
+};
+
 }  // namespace gdn::detail

@@ -192,6 +192,64 @@ MatrixTensor<BytePointer<Pointer>> matrix_tensor(const BasicTensorView<Pointer>&
   return m;
 }
 
+using NamedOutput = std::pair<const char*, const MutableTensorView*>;
+using NamedInput = std::pair<const char*, const TensorView*>;
+
+// Outputs are written while inputs are still being read: every present output must give
+// each element its own address and must not share an address range with another output or
+// with any input, except the one (output, input) pair `in_place` when it is exactly the same
+// view (an in-place update).
+void check_aliasing(std::initializer_list<NamedOutput> outputs,
+                    std::initializer_list<NamedInput> inputs,
+                    std::pair<const MutableTensorView*, const TensorView*> in_place) {
+  for (auto it = outputs.begin(); it != outputs.end(); ++it) {
+    const auto& [name, view] = *it;
+    if (!view->present()) continue;
+    if (!elements_distinct(*view)) {
+      fail(name, "strides that give every element its own address",
+           "sizes " + shape_of(*view) + " with strides " + shape_string(view->rank, view->strides));
+    }
+    const Span span = span_of(*view);
+    for (auto other = it + 1; other != outputs.end(); ++other) {
+      if (other->second->present() && span.overlaps(span_of(*other->second))) {
+        fail(name, std::string("memory that does not overlap '") + other->first + "'",
+             "overlapping address ranges");
+      }
+    }
+    for (const auto& [input_name, input] : inputs) {
+      if (!input->present() || !span.overlaps(span_of(*input))) continue;
+      const bool allowed_pair = view == in_place.first && input == in_place.second;
+      if (!(allowed_pair && same_view(*input, *view))) {
+        fail(name,
+             std::string("memory that does not overlap the input '") + input_name + "'" +
+                 (allowed_pair ? std::string(" (or exactly the view of ") + input_name +
+                                     ", for an in-place update)"
+                               : ""),
+             "overlapping address ranges");
+      }
+    }
+  }
+}
+
+// The input side of a ForwardProblem (everything but its outputs), from validated inputs.
+void set_forward_inputs(const ForwardInputs& in, const ForwardOptions& options,
+                        const std::vector<Sequence>& sequences, ForwardProblem* p) {
+  const bool batched = p->shape.batch > 0;
+  p->group = p->shape.hv / p->shape.hk;
+  p->scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(p->shape.dk));
+  p->l2norm = options.use_qk_l2norm;
+  p->chunk_size = options.chunk_size;
+  p->threads = options.threads;
+  p->algorithm = options.algorithm;
+  p->seqs = sequences.data();
+  p->q = token_tensor(in.q, batched, true);
+  p->k = token_tensor(in.k, batched, true);
+  p->v = token_tensor(in.v, batched, true);
+  p->g = token_tensor(in.g, batched, false);
+  p->beta = token_tensor(in.beta, batched, false);
+  p->initial_state = matrix_tensor(in.initial_state);
+}
+
 }  // namespace
 
 ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& options,
@@ -417,64 +475,140 @@ void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
   }
 
   // Aliasing: outputs are written while inputs are still being read.
-  const std::pair<const char*, const MutableTensorView*> outputs[] = {
-      {"o", &out.o},
-      {"final_state", &out.final_state},
-      {"chunk_states", &out.chunk_states},
-      {"t_inv", &out.t_inv}};
-  const std::pair<const char*, const TensorView*> inputs[] = {{"q", &in.q},
-                                                              {"k", &in.k},
-                                                              {"v", &in.v},
-                                                              {"g", &in.g},
-                                                              {"beta", &in.beta},
-                                                              {"initial_state", &in.initial_state},
-                                                              {"cu_seqlens", &in.cu_seqlens}};
-  for (std::size_t i = 0; i < std::size(outputs); ++i) {
-    const auto& [name, view] = outputs[i];
-    if (!view->present()) continue;
-    if (!elements_distinct(*view)) {
-      fail(name, "strides that give every element its own address",
-           "sizes " + shape_of(*view) + " with strides " + shape_string(view->rank, view->strides));
-    }
-    const Span span = span_of(*view);
-    for (std::size_t j = i + 1; j < std::size(outputs); ++j) {
-      if (outputs[j].second->present() && span.overlaps(span_of(*outputs[j].second))) {
-        fail(name, std::string("memory that does not overlap '") + outputs[j].first + "'",
-             "overlapping address ranges");
-      }
-    }
-    for (const auto& [input_name, input] : inputs) {
-      if (!input->present() || !span.overlaps(span_of(*input))) continue;
-      const bool in_place =
-          view == &out.final_state && input == &in.initial_state && same_view(*input, *view);
-      if (!in_place) {
-        fail(name,
-             std::string("memory that does not overlap the input '") + input_name + "'" +
-                 (view == &out.final_state && input == &in.initial_state
-                      ? " (or exactly the view of initial_state, for an in-place update)"
-                      : ""),
-             "overlapping address ranges");
-      }
-    }
-  }
+  check_aliasing({{"o", &out.o},
+                  {"final_state", &out.final_state},
+                  {"chunk_states", &out.chunk_states},
+                  {"t_inv", &out.t_inv}},
+                 {{"q", &in.q},
+                  {"k", &in.k},
+                  {"v", &in.v},
+                  {"g", &in.g},
+                  {"beta", &in.beta},
+                  {"initial_state", &in.initial_state},
+                  {"cu_seqlens", &in.cu_seqlens}},
+                 {&out.final_state, &in.initial_state});
 
-  p.group = shape.hv / shape.hk;
-  p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(shape.dk));
-  p.l2norm = options.use_qk_l2norm;
-  p.chunk_size = options.chunk_size;
-  p.threads = options.threads;
-  p.algorithm = options.algorithm;
-  p.seqs = result->sequences.data();
-  p.q = token_tensor(in.q, batched, true);
-  p.k = token_tensor(in.k, batched, true);
-  p.v = token_tensor(in.v, batched, true);
-  p.g = token_tensor(in.g, batched, false);
-  p.beta = token_tensor(in.beta, batched, false);
-  p.initial_state = matrix_tensor(in.initial_state);
+  set_forward_inputs(in, options, result->sequences, &p);
   p.o = token_tensor(out.o, batched, true);
   p.final_state = matrix_tensor(out.final_state);
   p.chunk_states = matrix_tensor(out.chunk_states);
   p.t_inv = matrix_tensor(out.t_inv);
+}
+
+void validate_backward(const BackwardInputs& in, const BackwardOutputs& out,
+                       const ForwardOptions& options, OutputPrecision precision,
+                       ValidatedBackward* result) {
+  BackwardProblem& p = result->problem;
+  p = BackwardProblem{};
+  const ForwardInputs fwd = in.forward();
+  p.fwd.shape = validate_inputs(fwd, options, &result->sequences);
+  const ForwardShape& shape = p.fwd.shape;
+  const bool batched = shape.batch > 0;
+  const std::string same_dtype = " (the dtype of q)";
+  for (const auto& [name, view] : {std::pair<const char*, const TensorView*>{"d_o", &in.d_o},
+                                   {"d_final_state", &in.d_final_state},
+                                   {"chunk_states", &in.chunk_states},
+                                   {"t_inv", &in.t_inv}}) {
+    check_rank(name, *view);
+  }
+  for (const auto& [name, view] : {std::pair<const char*, const MutableTensorView*>{"dq", &out.dq},
+                                   {"dk", &out.dk},
+                                   {"dv", &out.dv},
+                                   {"dg", &out.dg},
+                                   {"dbeta", &out.dbeta},
+                                   {"d_initial_state", &out.d_initial_state}}) {
+    check_rank(name, *view);
+  }
+
+  // Cotangents and residuals (inputs).
+  const std::string o_what = batched ? "[B, T, Hv, Dv] (that of o)" : "[T, Hv, Dv] (that of o)";
+  if (!in.d_o.present())
+    fail("d_o", "a view " + shape_string(shape.o_rank(), shape.o_sizes()), "absent");
+  expect_shape("d_o", in.d_o, shape.o_rank(), shape.o_sizes(), o_what);
+  expect_dtype("d_o", in.d_o, shape.dtype, same_dtype);
+  check_extent("d_o", in.d_o);
+  if (in.d_final_state.present()) {
+    expect_shape("d_final_state", in.d_final_state, 4, shape.state_sizes(), "[N, Hv, Dk, Dv]");
+    expect_dtype("d_final_state", in.d_final_state, shape.dtype, same_dtype);
+    check_extent("d_final_state", in.d_final_state);
+  }
+  const std::string why_res = " (the compute dtype of these inputs)";
+  if (in.chunk_states.present()) {
+    expect_shape("chunk_states", in.chunk_states, 4, shape.chunk_states_sizes(),
+                 "[total_chunks, Hv, Dk, Dv]");
+    expect_dtype("chunk_states", in.chunk_states, shape.compute_dtype, why_res);
+    check_extent("chunk_states", in.chunk_states);
+  }
+  if (in.t_inv.present()) {
+    expect_shape("t_inv", in.t_inv, 4, shape.t_inv_sizes(), "[total_chunks, Hv, C, C]");
+    expect_dtype("t_inv", in.t_inv, shape.compute_dtype, why_res);
+    check_extent("t_inv", in.t_inv);
+  }
+
+  // Gradients (outputs): the shape and dtype of the matching input.
+  const DType grad_dtype = precision == OutputPrecision::float64 ? DType::f64 : shape.dtype;
+  const std::string why_grad = precision == OutputPrecision::float64
+                                   ? " (reference outputs are float64)"
+                                   : " (that of the matching input)";
+  const struct {
+    const char* name;
+    const MutableTensorView* grad;
+    const TensorView* input;
+    const char* what;
+  } grads[] = {
+      {"dq", &out.dq, &in.q, batched ? "[B, T, Hk, Dk] (that of q)" : "[T, Hk, Dk] (that of q)"},
+      {"dk", &out.dk, &in.k, batched ? "[B, T, Hk, Dk] (that of k)" : "[T, Hk, Dk] (that of k)"},
+      {"dv", &out.dv, &in.v, batched ? "[B, T, Hv, Dv] (that of v)" : "[T, Hv, Dv] (that of v)"},
+      {"dg", &out.dg, &in.g, batched ? "[B, T, Hv] (that of g)" : "[T, Hv] (that of g)"},
+      {"dbeta", &out.dbeta, &in.beta,
+       batched ? "[B, T, Hv] (that of beta)" : "[T, Hv] (that of beta)"},
+  };
+  for (const auto& grad : grads) {
+    if (!grad.grad->present()) {
+      fail(grad.name, "an output view " + shape_string(grad.input->rank, grad.input->sizes),
+           "absent");
+    }
+    expect_shape(grad.name, *grad.grad, grad.input->rank, grad.input->sizes, grad.what);
+    expect_dtype(grad.name, *grad.grad, grad_dtype, why_grad);
+    check_extent(grad.name, *grad.grad);
+  }
+  if (out.d_initial_state.present()) {
+    expect_shape("d_initial_state", out.d_initial_state, 4, shape.state_sizes(), "[N, Hv, Dk, Dv]");
+    expect_dtype("d_initial_state", out.d_initial_state, grad_dtype, why_grad);
+    check_extent("d_initial_state", out.d_initial_state);
+  }
+
+  check_aliasing({{"dq", &out.dq},
+                  {"dk", &out.dk},
+                  {"dv", &out.dv},
+                  {"dg", &out.dg},
+                  {"dbeta", &out.dbeta},
+                  {"d_initial_state", &out.d_initial_state}},
+                 {{"q", &in.q},
+                  {"k", &in.k},
+                  {"v", &in.v},
+                  {"g", &in.g},
+                  {"beta", &in.beta},
+                  {"initial_state", &in.initial_state},
+                  {"cu_seqlens", &in.cu_seqlens},
+                  {"d_o", &in.d_o},
+                  {"d_final_state", &in.d_final_state},
+                  {"chunk_states", &in.chunk_states},
+                  {"t_inv", &in.t_inv}},
+                 {nullptr, nullptr});
+
+  set_forward_inputs(fwd, options, result->sequences, &p.fwd);
+  p.fwd.algorithm = Algorithm::chunked;
+  p.d_o = token_tensor(in.d_o, batched, true);
+  p.d_final_state = matrix_tensor(in.d_final_state);
+  p.chunk_states = matrix_tensor(in.chunk_states);
+  p.t_inv = matrix_tensor(in.t_inv);
+  p.dq = token_tensor(out.dq, batched, true);
+  p.dk = token_tensor(out.dk, batched, true);
+  p.dv = token_tensor(out.dv, batched, true);
+  p.dg = token_tensor(out.dg, batched, false);
+  p.dbeta = token_tensor(out.dbeta, batched, false);
+  p.d_initial_state = matrix_tensor(out.d_initial_state);
 }
 
 }  // namespace gdn::detail

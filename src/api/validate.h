@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "api/problem.h"
+#include "gdn/backward.h"
 #include "gdn/forward.h"
 
 namespace gdn::detail {
@@ -36,5 +37,21 @@ ForwardShape validate_inputs(const ForwardInputs& inputs, const ForwardOptions& 
 void validate_forward(const ForwardInputs& inputs, const ForwardOutputs& outputs,
                       const ForwardOptions& options, OutputPrecision precision,
                       ValidatedForward* result);
+
+class ValidatedBackward {
+ public:
+  ValidatedBackward() = default;
+  ValidatedBackward(const ValidatedBackward&) = delete;
+  ValidatedBackward& operator=(const ValidatedBackward&) = delete;
+
+  BackwardProblem problem;
+  std::vector<Sequence> sequences;
+};
+
+// Checks a backward call (the forward's inputs and options, cotangents, residuals, gradient
+// outputs, aliasing) and builds the problem. Throws gdn::InvalidArgument.
+void validate_backward(const BackwardInputs& inputs, const BackwardOutputs& outputs,
+                       const ForwardOptions& options, OutputPrecision precision,
+                       ValidatedBackward* result);
 
 }  // namespace gdn::detail

@@ -40,7 +40,12 @@ struct ChunkBuffers {
   Real* beta;
   Real* decay_to_end;
   Real* diff;
+  // The backward also wants Gamma and B = K K^T . Gamma (strict lower) from chunk_kkt; the
+  // forward leaves these null.
+  Real* gamma = nullptr;
+  Real* bmat = nullptr;
 
+  ChunkBuffers() = default;
   ChunkBuffers(std::byte* workspace, const ChunkedLayout& l) {
     Real* w = reinterpret_cast<Real*>(workspace);
     states = w + l.states;
@@ -78,16 +83,7 @@ void chunk_pack_qk(const detail::ForwardProblem& p, const detail::Sequence& seq,
   }
   // K^T [Dk][cp], columns past n zero, by in-register block transposes (a scalar transpose
   // took 2.4 of the 9.7 us the packing needed at C = 64, Dk = 128, float, AVX-512).
-  constexpr int W = kLanes<Real>;
-  for (std::int64_t i0 = 0; i0 < l.cp; i0 += W) {
-    for (std::int64_t d0 = 0; d0 < l.dkp; d0 += W) {
-      Vec<Real> rows[W];
-      for (int r = 0; r < W; ++r)
-        rows[r] = i0 + r < n ? load(k + (i0 + r) * l.dkp + d0) : Vec<Real>{};
-      transpose_block<Real>(rows);
-      for (int r = 0; r < W && d0 + r < dk; ++r) store(b.kt + (d0 + r) * l.cp + i0, rows[r]);
-    }
-  }
+  transpose_into(k, n, l.dkp, dk, b.kt, l.cp, l.cp);
 }
 
 // gram = [Q;K] K^T, lower triangles only (the rest of the tiles wholly above the diagonal is
@@ -138,12 +134,21 @@ void chunk_kkt(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
     for (std::int64_t j = 0; j < used; j += W) {
       const Vec<Real> col = lanes + static_cast<Real>(j);
       const Vec<Real> gamma = vexp<Real>(load(b.diff + j));  // 0 past the diagonal
+      const Vec<Real> kk = col < row_i ? load(kk_row + j) * gamma : zero;
       store(prow + j, col <= row_i ? load(qk_row + j) * gamma : zero);
-      store(lrow + j, col < row_i ? load(kk_row + j) * gamma * beta_i : zero);
+      store(lrow + j, kk * beta_i);
+      if (b.gamma != nullptr) {
+        store(b.gamma + i * l.cp + j, gamma);
+        store(b.bmat + i * l.cp + j, kk);
+      }
     }
     for (std::int64_t j = used; j < l.cp; j += W) {
       store(prow + j, zero);
       store(lrow + j, zero);
+      if (b.gamma != nullptr) {
+        store(b.gamma + i * l.cp + j, zero);
+        store(b.bmat + i * l.cp + j, zero);
+      }
     }
   }
   // Row n-1 of D is G_last - G_j (-inf, so 0, in the padding).
@@ -187,10 +192,17 @@ void solve_tril(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
 
 // X = [Q;K] S (rows 0..n-1: Q S, rows n..2n-1: K S); V <- R = diag(beta)(V - diag(e^G) K S);
 // V_new = A R.
+// With with_q = false only K S is formed (rows n..2n-1 of X; each row of a product is computed
+// the same way whatever rows share its tile, so K S is bit-identical either way).
 template <class Real>
 void chunk_wy(std::int64_t n, std::int64_t dk, const Real* state, const ChunkedLayout& l,
-              ChunkBuffers<Real>& b) {
-  gemm<Real, false>(2 * n, l.dvp, dk, b.qk, l.dkp, 1, state, l.dvp, b.x, l.dvp);
+              ChunkBuffers<Real>& b, bool with_q = true) {
+  if (with_q) {
+    gemm<Real, false>(2 * n, l.dvp, dk, b.qk, l.dkp, 1, state, l.dvp, b.x, l.dvp);
+  } else {
+    gemm<Real, false>(n, l.dvp, dk, b.qk + n * l.dkp, l.dkp, 1, state, l.dvp, b.x + n * l.dvp,
+                      l.dvp);
+  }
   const Real* ks = b.x + n * l.dvp;
   for (std::int64_t i = 0; i < n; ++i) {
     Real* r = b.v + i * l.dvp;

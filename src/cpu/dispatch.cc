@@ -88,6 +88,14 @@ std::size_t forward_workspace_bytes(const detail::ForwardProblem& p, std::int64_
   return static_cast<std::size_t>((chunked > recurrent ? chunked : recurrent) * elem);
 }
 
+std::size_t backward_workspace_bytes(const detail::BackwardProblem& p, std::int64_t heads,
+                                     std::int64_t chunks, std::int64_t segment) {
+  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(p.fwd.shape.compute_dtype));
+  const std::int64_t slots = segment == 0 ? 0 : (chunks + segment - 1) / segment + segment;
+  return static_cast<std::size_t>(
+      backward_layout(p.fwd.shape.dk, p.fwd.shape.dv, p.fwd.chunk_size, heads, slots).total * elem);
+}
+
 double measure_fma_peak_gflops(CpuIsa isa, int threads, double seconds) {
   const KernelTable& table = kernel_table(isa);
   if (threads < 1) threads = default_threads();

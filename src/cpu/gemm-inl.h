@@ -16,6 +16,8 @@ enum GemmShape : unsigned {
   kFull = 0,
   kLowerA = 1,  // A(i, p) = 0 for p > i: the k loop of a row tile stops after its last row
   kLowerC = 2,  // only C(i, j) with j <= i is wanted: tiles wholly above the diagonal skipped
+  kUpperA = 4,  // A(i, p) = 0 for p < i (a transposed lower triangle): the k loop of a row
+                // tile starts at its first row
 };
 
 template <class Real, int MR, int NV, bool Accumulate>
@@ -87,10 +89,11 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t kdim, const Real* a, std:
     for (std::int64_t i = 0; i < m; i += MR) {
       const int mr = static_cast<int>(min64(MR, m - i));
       if ((shape & kLowerC) && j * L > i + mr - 1) continue;
-      const std::int64_t kd = (shape & kLowerA) ? min64(kdim, i + mr) : kdim;
-      gemm_tile_dispatch<Real, MR, NV, Accumulate>(mr, nv, kd, a + i * a_row, a_row, a_col,
-                                                   b + j * L, ldb, c + i * ldc + j * L, ldc,
-                                                   c_scale);
+      const std::int64_t k_end = (shape & kLowerA) ? min64(kdim, i + mr) : kdim;
+      const std::int64_t k_begin = (shape & kUpperA) ? min64(i, k_end) : 0;
+      gemm_tile_dispatch<Real, MR, NV, Accumulate>(
+          mr, nv, k_end - k_begin, a + i * a_row + k_begin * a_col, a_row, a_col,
+          b + k_begin * ldb + j * L, ldb, c + i * ldc + j * L, ldc, c_scale);
     }
   }
 }

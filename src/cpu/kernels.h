@@ -21,12 +21,21 @@ namespace gdn::cpu {
 using ForwardItemFn = void (*)(const detail::ForwardProblem& problem, std::int64_t seq,
                                std::int64_t head, std::int64_t heads, std::byte* workspace);
 
+// One backward work item: sequence `seq`, all value heads [head, head + heads) of one key
+// head, rebuilding chunk states in segments of `segment` chunks when none were kept; the
+// workspace holds backward_workspace_bytes(problem, heads, segment) bytes.
+using BackwardItemFn = void (*)(const detail::BackwardProblem& problem, std::int64_t seq,
+                                std::int64_t head, std::int64_t heads, std::int64_t segment,
+                                std::byte* workspace);
+
 struct KernelTable {
   CpuIsa isa;
   ForwardItemFn chunked_f32;
   ForwardItemFn recurrent_f32;
   ForwardItemFn chunked_f64;
   ForwardItemFn recurrent_f64;
+  BackwardItemFn backward_f32;
+  BackwardItemFn backward_f64;
   // Runs `iterations` rounds of independent fp32 FMA chains at this variant's vector width
   // and returns a value that depends on all of them. FLOPs = iterations * fma_flops_per_round.
   float (*fma_peak_loop)(std::int64_t iterations);
@@ -44,6 +53,11 @@ const KernelTable& kernel_table(CpuIsa isa);
 // bytes. The same for every variant (buffers are padded to 16 elements, a multiple of every
 // vector width).
 std::size_t forward_workspace_bytes(const detail::ForwardProblem& problem, std::int64_t heads);
+
+// The backward's workspace for an item of `heads` value heads of a sequence of `chunks`
+// chunks rebuilt in segments of `segment` chunks (segment = 0: chunk states were kept).
+std::size_t backward_workspace_bytes(const detail::BackwardProblem& problem, std::int64_t heads,
+                                     std::int64_t chunks, std::int64_t segment);
 
 // fp32 FMA throughput of `threads` threads running the variant's peak loop, in GFLOP/s:
 // the best of a few short runs (about `seconds` in total).

@@ -153,6 +153,25 @@ inline void transpose_block(Vec<Real>* rows) {
   }
 }
 
+// dst[c][r] = src[r][c] for r < rows, c < cols; dst[c][r] = 0 for rows <= r < dst_cols. src
+// rows are src_ld apart with at least cols rounded up to the lane count readable; dst rows are
+// dst_ld apart; dst_cols is a multiple of the lane count. Block transposes in registers.
+template <class Real>
+inline void transpose_into(const Real* src, std::int64_t rows, std::int64_t src_ld,
+                           std::int64_t cols, Real* dst, std::int64_t dst_ld,
+                           std::int64_t dst_cols) {
+  constexpr int W = kLanes<Real>;
+  for (std::int64_t r0 = 0; r0 < dst_cols; r0 += W) {
+    for (std::int64_t c0 = 0; c0 < cols; c0 += W) {
+      Vec<Real> block[W];
+      for (int r = 0; r < W; ++r)
+        block[r] = r0 + r < rows ? load(src + (r0 + r) * src_ld + c0) : Vec<Real>{};
+      transpose_block<Real>(block);
+      for (int c = 0; c < W && c0 + c < cols; ++c) store(dst + (c0 + c) * dst_ld + r0, block[c]);
+    }
+  }
+}
+
 // Row helpers over n elements, n a multiple of the lane count (padded rows).
 template <class Real>
 inline void fill(Real* y, std::int64_t n, Real value) {

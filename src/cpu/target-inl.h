@@ -26,6 +26,7 @@ namespace {
 #include "cpu/gemm-inl.h"
 #include "cpu/io-inl.h"
 #include "cpu/chunked_fwd-inl.h"
+#include "cpu/chunked_bwd-inl.h"
 #include "cpu/recurrent_fwd-inl.h"
 // clang-format on
 
@@ -47,13 +48,9 @@ float fma_peak_loop(std::int64_t iterations) {
 }
 
 constexpr KernelTable kTable = {
-    GDN_TARGET_ISA,
-    &chunked_item<float>,
-    &recurrent_item<float>,
-    &chunked_item<double>,
-    &recurrent_item<double>,
-    &fma_peak_loop,
-    2 * kChains* kLanes<float>,
+    GDN_TARGET_ISA,         &chunked_item<float>,    &recurrent_item<float>,
+    &chunked_item<double>,  &recurrent_item<double>, &backward_item<float>,
+    &backward_item<double>, &fma_peak_loop,          2 * kChains* kLanes<float>,
 };
 
 }  // namespace

@@ -69,6 +69,73 @@ static constexpr ChunkedLayout chunked_layout(std::int64_t dk, std::int64_t dv, 
   return l;
 }
 
+// The backward's per-thread workspace for one item (a sequence and the `heads` value heads of
+// one key head). Besides the forward's chunk buffers (one head's worth, reused head after
+// head) it holds the gradient temporaries, each head's carried dS, and the rebuilt chunk
+// states when the caller kept no chunk_states: `rebuilt` states per head (checkpoints plus
+// one segment; src/cpu/backward.cc sizes it).
+struct BackwardLayout {
+  ChunkedLayout fwd;   // the forward's chunk buffers with heads = 1 (its state unused)
+  std::int64_t gamma;  // Gamma  [C][cp]
+  std::int64_t bmat;   // B = K K^T . Gamma, strict lower  [C][cp]
+  std::int64_t hmat;   // H = dP . P + dB . B, strict lower  [C][cp]
+  std::int64_t r;      // R, then K dS'  [C][dvp]
+  std::int64_t dodr;   // dO (rows 0..n-1) and dR (rows n..2n-1)  [2C][dvp]
+  std::int64_t dvn;    // dV_new  [C][dvp]
+  std::int64_t vnt;    // V_new^T  [Dv][cp]
+  std::int64_t dpl;    // [dO; dR] V_new^T: dP and -dL, then masked  [2C][cp]
+  std::int64_t st;     // S^T  [Dv][dkp]
+  std::int64_t dst;    // dS'^T  [Dv][dkp]
+  std::int64_t state;  // S of the chunk, read from chunk_states  [Dk][dvp]
+  std::int64_t dqk;    // dQ~ (rows 0..n-1) and dK (rows n..2n-1), summed over heads  [2C][dkp]
+  std::int64_t grad_vectors;  // dd d, dbeta, de e: 3 x [cp]; a row [max(cp, dkp, dvp)]
+  std::int64_t ds;            // each head's dS  [heads][Dk][dvp]
+  std::int64_t rebuilt;       // rebuilt states  [slots][heads][Dk][dvp]
+  std::int64_t total;
+};
+
+static constexpr BackwardLayout backward_layout(std::int64_t dk, std::int64_t dv, std::int64_t c,
+                                                std::int64_t heads, std::int64_t slots) {
+  BackwardLayout l{};
+  l.fwd = chunked_layout(dk, dv, c, 1);
+  const std::int64_t dkp = l.fwd.dkp, dvp = l.fwd.dvp, cp = l.fwd.cp;
+  std::int64_t at = l.fwd.total;
+  l.gamma = at;
+  at += c * cp;
+  l.bmat = at;
+  at += c * cp;
+  l.hmat = at;
+  at += c * cp;
+  l.r = at;
+  at += c * dvp;
+  l.dodr = at;
+  at += 2 * c * dvp;
+  l.dvn = at;
+  at += c * dvp;
+  l.vnt = at;
+  at += dv * cp;
+  l.dpl = at;
+  at += 2 * c * cp;
+  l.st = at;
+  at += dv * dkp;
+  l.dst = at;
+  at += dv * dkp;
+  l.state = at;
+  at += dk * dvp;
+  l.dqk = at;
+  at += 2 * c * dkp;
+  const std::int64_t row = cp > dkp ? (cp > dvp ? cp : dvp) : (dkp > dvp ? dkp : dvp);
+  l.grad_vectors = at;
+  at += 3 * cp + row;
+  at = padded(at);
+  l.ds = at;
+  at += heads * dk * dvp;
+  l.rebuilt = at;
+  at += slots * heads * dk * dvp;
+  l.total = padded(at);
+  return l;
+}
+
 struct RecurrentLayout {
   std::int64_t dkp, dvp;
   std::int64_t state;      // S [Dk][dvp]

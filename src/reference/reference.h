@@ -11,6 +11,7 @@
 
 #include "api/problem.h"
 #include "api/validate.h"
+#include "gdn/backward.h"
 #include "gdn/forward.h"
 
 namespace gdn {
@@ -19,6 +20,9 @@ namespace detail {
 ForwardResult allocate_forward_result(const ForwardShape& shape, DType out, DType residual,
                                       Residuals residuals, bool t_inv);
 ForwardOutputs outputs_of(ForwardResult& result);
+BackwardResult allocate_backward_result(const BackwardInputs& inputs, const ForwardShape& shape,
+                                        DType dtype);
+BackwardOutputs outputs_of(BackwardResult& result);
 }  // namespace detail
 
 namespace ref {
@@ -97,17 +101,23 @@ inline void write_matrix(const detail::MatrixTensor<std::byte*>& m, std::int64_t
   }
 }
 
-// Runs fn(s, h) for every (sequence, value head) with problem.threads threads (no more than
-// there are items).
+// Runs fn(i) for i in [0, items) on up to `threads` threads (0: OpenMP's default; never more
+// than there are items).
+template <class Fn>
+void parallel_for(int threads, std::int64_t items, Fn&& fn) {
+#ifdef _OPENMP
+  std::int64_t n = threads > 0 ? threads : omp_get_max_threads();
+  if (n > items) n = items > 0 ? items : 1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast <int>(n))
+#endif
+  for (std::int64_t item = 0; item < items; ++item) fn(item);
+}
+
+// Runs fn(s, h) for every (sequence, value head) with problem.threads threads.
 template <class Fn>
 void for_each_item(const detail::ForwardProblem& p, Fn&& fn) {
-  const std::int64_t items = p.shape.num_seqs * p.shape.hv;
-#ifdef _OPENMP
-  std::int64_t threads = p.threads > 0 ? p.threads : omp_get_max_threads();
-  if (threads > items) threads = items > 0 ? items : 1;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast <int>(threads))
-#endif
-  for (std::int64_t item = 0; item < items; ++item) fn(item / p.shape.hv, item % p.shape.hv);
+  parallel_for(p.threads, p.shape.num_seqs * p.shape.hv,
+               [&p, &fn](std::int64_t item) { fn(item / p.shape.hv, item % p.shape.hv); });
 }
 
 // A reference entry point: validate (float64 outputs; `algorithm` decides whether a t_inv

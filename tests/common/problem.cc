@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 namespace gdn::test {
 
@@ -196,6 +198,178 @@ ForwardResult baseline_f32(const Problem& p, const ForwardOptions& options) {
     baseline_run<double>(p, options, r);
   }
   return r;
+}
+
+}  // namespace gdn::test
+
+namespace gdn::test {
+namespace {
+
+template <class In>
+float at(const Tensor& t, std::int64_t i) {
+  return static_cast<float>(t.data<In>()[i]);
+}
+
+template <class In>
+void baseline_bwd_run(const Problem& p, const Tensor& d_o, const Tensor& d_ht,
+                      const ForwardOptions& options, BackwardResult& r) {
+  const ProblemSpec& s = p.spec;
+  const std::int64_t dk = s.dk, dv = s.dv, group = s.hv / s.hk, state = dk * dv;
+  const float scale = options.scale ? static_cast<float>(*options.scale)
+                                    : static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
+  std::int64_t total = 0;
+  for (std::int64_t len : s.lengths) total += len;
+  // Normalised q, k per (token, key head), float.
+  std::vector<float> qn(total * s.hk * dk), kn(total * s.hk * dk), dqn(qn.size()), dkn(kn.size());
+  for (std::int64_t row = 0; row < total * s.hk; ++row) {
+    for (auto [x, out] : {std::pair{&p.q, &qn}, std::pair{&p.k, &kn}}) {
+      float ss = 0;
+      for (std::int64_t d = 0; d < dk; ++d)
+        ss += at<In>(*x, row * dk + d) * at<In>(*x, row * dk + d);
+      const float inv = options.use_qk_l2norm ? 1.0f / std::sqrt(ss + 1e-6f) : 1.0f;
+      for (std::int64_t d = 0; d < dk; ++d) (*out)[row * dk + d] = at<In>(*x, row * dk + d) * inv;
+    }
+  }
+  std::int64_t start = 0;
+  for (std::size_t seq = 0; seq < s.lengths.size(); ++seq) {
+    const std::int64_t len = s.lengths[seq];
+    for (std::int64_t h = 0; h < s.hv; ++h) {
+      const std::int64_t hk = h / group;
+      std::vector<float> states((len + 1) * state), u(len * dv);
+      for (std::int64_t e = 0; e < state; ++e) {
+        states[e] = p.h0.present() ? at<In>(p.h0, (seq * s.hv + h) * state + e) : 0.0f;
+      }
+      for (std::int64_t i = 0; i < len; ++i) {
+        const std::int64_t t = start + i;
+        const float* k = &kn[(t * s.hk + hk) * dk];
+        const float alpha = std::exp(at<In>(p.g, t * s.hv + h)),
+                    beta = at<In>(p.beta, t * s.hv + h);
+        const float* prev = &states[i * state];
+        float* next = &states[(i + 1) * state];
+        for (std::int64_t j = 0; j < dv; ++j) {
+          float sk = 0;
+          for (std::int64_t d = 0; d < dk; ++d) sk += alpha * prev[d * dv + j] * k[d];
+          u[i * dv + j] = beta * (at<In>(p.v, (t * s.hv + h) * dv + j) - sk);
+        }
+        for (std::int64_t d = 0; d < dk; ++d) {
+          for (std::int64_t j = 0; j < dv; ++j)
+            next[d * dv + j] = alpha * prev[d * dv + j] + k[d] * u[i * dv + j];
+        }
+      }
+      std::vector<float> dS(state), dS1(state), du(dv);
+      for (std::int64_t e = 0; e < state; ++e) {
+        dS[e] = d_ht.present() ? at<In>(d_ht, (seq * s.hv + h) * state + e) : 0.0f;
+      }
+      for (std::int64_t i = len - 1; i >= 0; --i) {
+        const std::int64_t t = start + i;
+        const float* q = &qn[(t * s.hk + hk) * dk];
+        const float* k = &kn[(t * s.hk + hk) * dk];
+        float* dq = &dqn[(t * s.hk + hk) * dk];
+        float* dkk = &dkn[(t * s.hk + hk) * dk];
+        const float alpha = std::exp(at<In>(p.g, t * s.hv + h)),
+                    beta = at<In>(p.beta, t * s.hv + h);
+        const float* prev = &states[i * state];
+        const float* next = &states[(i + 1) * state];
+        for (std::int64_t d = 0; d < dk; ++d) {
+          float acc = 0;
+          for (std::int64_t j = 0; j < dv; ++j)
+            acc += next[d * dv + j] * at<In>(d_o, (t * s.hv + h) * dv + j);
+          dq[d] += scale * acc;
+          for (std::int64_t j = 0; j < dv; ++j)
+            dS[d * dv + j] += scale * q[d] * at<In>(d_o, (t * s.hv + h) * dv + j);
+        }
+        for (std::int64_t j = 0; j < dv; ++j) {
+          float acc = 0;
+          for (std::int64_t d = 0; d < dk; ++d) acc += dS[d * dv + j] * k[d];
+          du[j] = acc;
+        }
+        float dbeta = 0;
+        for (std::int64_t j = 0; j < dv; ++j) {
+          float sk = 0;
+          for (std::int64_t d = 0; d < dk; ++d) sk += alpha * prev[d * dv + j] * k[d];
+          dbeta += du[j] * (at<In>(p.v, (t * s.hv + h) * dv + j) - sk);
+          r.dv.data<float>()[(t * s.hv + h) * dv + j] = beta * du[j];
+        }
+        r.dbeta.data<float>()[t * s.hv + h] = dbeta;
+        float dalpha = 0;
+        for (std::int64_t d = 0; d < dk; ++d) {
+          float acc = 0, acc_u = 0;
+          for (std::int64_t j = 0; j < dv; ++j) {
+            acc_u += dS[d * dv + j] * u[i * dv + j];
+            acc += alpha * prev[d * dv + j] * du[j];
+            dS1[d * dv + j] = dS[d * dv + j] - beta * k[d] * du[j];
+            dalpha += dS1[d * dv + j] * prev[d * dv + j];
+          }
+          dkk[d] += acc_u - beta * acc;
+        }
+        r.dg.data<float>()[t * s.hv + h] = dalpha * alpha;
+        for (std::int64_t e = 0; e < state; ++e) dS[e] = alpha * dS1[e];
+      }
+      for (std::int64_t e = 0; e < state; ++e)
+        r.d_initial_state.data<float>()[(seq * s.hv + h) * state + e] = dS[e];
+    }
+    start += len;
+  }
+  for (std::int64_t row = 0; row < total * s.hk; ++row) {
+    for (auto [x, d_hat, out] : {std::tuple{&p.q, &dqn, &r.dq}, std::tuple{&p.k, &dkn, &r.dk}}) {
+      if (!options.use_qk_l2norm) {
+        for (std::int64_t d = 0; d < dk; ++d)
+          out->template data<float>()[row * dk + d] = (*d_hat)[row * dk + d];
+        continue;
+      }
+      float ss = 0, proj = 0;
+      for (std::int64_t d = 0; d < dk; ++d)
+        ss += at<In>(*x, row * dk + d) * at<In>(*x, row * dk + d);
+      const float inv = 1.0f / std::sqrt(ss + 1e-6f);
+      for (std::int64_t d = 0; d < dk; ++d)
+        proj += at<In>(*x, row * dk + d) * inv * (*d_hat)[row * dk + d];
+      for (std::int64_t d = 0; d < dk; ++d) {
+        out->template data<float>()[row * dk + d] =
+            inv * ((*d_hat)[row * dk + d] - at<In>(*x, row * dk + d) * inv * proj);
+      }
+    }
+  }
+}
+
+void fill_normal(Tensor& t, Random& rng) {
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    if (t.dtype() == DType::f32) {
+      t.data<float>()[i] = static_cast<float>(rng.normal());
+    } else {
+      t.data<double>()[i] = rng.normal();
+    }
+  }
+}
+
+}  // namespace
+
+BackwardResult baseline_f32_bwd(const Problem& p, const Tensor& d_o, const Tensor& d_ht,
+                                const ForwardOptions& options) {
+  BackwardResult r;
+  r.dq = Tensor(DType::f32, p.q.rank(), p.q.sizes());
+  r.dk = Tensor(DType::f32, p.k.rank(), p.k.sizes());
+  r.dv = Tensor(DType::f32, p.v.rank(), p.v.sizes());
+  r.dg = Tensor(DType::f32, p.g.rank(), p.g.sizes());
+  r.dbeta = Tensor(DType::f32, p.beta.rank(), p.beta.sizes());
+  r.d_initial_state = Tensor(DType::f32, {static_cast<std::int64_t>(p.spec.lengths.size()),
+                                          p.spec.hv, p.spec.dk, p.spec.dv});
+  if (p.spec.dtype == DType::f32) {
+    baseline_bwd_run<float>(p, d_o, d_ht, options, r);
+  } else {
+    baseline_bwd_run<double>(p, d_o, d_ht, options, r);
+  }
+  return r;
+}
+
+Cotangents make_cotangents(const Problem& p, std::uint64_t seed) {
+  const ForwardShape shape = forward_shape(p.inputs(), p.options());
+  Cotangents c;
+  c.d_o = Tensor(p.spec.dtype, shape.o_rank(), shape.o_sizes());
+  c.d_ht = Tensor(p.spec.dtype, 4, shape.state_sizes());
+  Random rng(seed);
+  fill_normal(c.d_o, rng);
+  fill_normal(c.d_ht, rng);
+  return c;
 }
 
 }  // namespace gdn::test

@@ -57,4 +57,16 @@ class Random {
 // every float32 fast path. Returns o (f32, the shape of the problem's o) and final states.
 ForwardResult baseline_f32(const Problem& problem, const ForwardOptions& options);
 
+// The backward of the same plain float32 recurrence (reverse mode, every state kept; small
+// problems only): the same-precision baseline of the backward's tolerances. d_o and d_ht
+// (optional) in the problem's dtype; returns f32 gradients shaped like the inputs.
+BackwardResult baseline_f32_bwd(const Problem& problem, const Tensor& d_o, const Tensor& d_ht,
+                                const ForwardOptions& options);
+
+// Cotangents for a problem: d_o like o and d_ht like the final states, normal, in its dtype.
+struct Cotangents {
+  Tensor d_o, d_ht;
+};
+Cotangents make_cotangents(const Problem& problem, std::uint64_t seed);
+
 }  // namespace gdn::test

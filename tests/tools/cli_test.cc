@@ -166,6 +166,67 @@ TEST_F(Cli, MalformedInputsAreClearErrors) {
   EXPECT_FALSE(fs::exists(path("out/o.npy"))) << "outputs written despite bad inputs";
 }
 
+// The backward on .npy files equals the library call, from every residual source: files
+// written by `gdn forward --residuals`, a forward run inside the command (each policy), and
+// the float64 reference.
+TEST_F(Cli, BackwardRoundTripEqualsLibrary) {
+  const test::Problem p = write_inputs();
+  const test::Cotangents c = test::make_cotangents(p, 31);
+  npy::save(path("in/do.npy"), c.d_o);
+  npy::save(path("in/dht.npy"), c.d_ht);
+  ForwardOptions options = p.options();
+  options.chunk_size = 32;
+  const BackwardInputs in{
+      p.q.view(),  p.k.view(),          p.v.view(),   p.g.view(),    p.beta.view(),
+      p.h0.view(), p.cu_seqlens.view(), c.d_o.view(), c.d_ht.view(), {},
+      {}};
+  const BackwardResult expected = chunk_gated_delta_rule_bwd(in, options);
+  const char* names[] = {"dq", "dk", "dv", "dg", "dbeta", "dh0"};
+  const Tensor* tensors[] = {&expected.dq, &expected.dk,    &expected.dv,
+                             &expected.dg, &expected.dbeta, &expected.d_initial_state};
+  auto expect_outputs = [&](const std::string& dir, const std::string& what) {
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_TRUE(test::bit_identical(npy::load(path(dir + "/" + names[i] + ".npy")), *tensors[i],
+                                      std::string(names[i]) + ".npy, " + what));
+    }
+  };
+  for (const char* policy : {"all", "t_inv", "none"}) {
+    const Result run = gdn_cli(std::string("backward ") + io(policy) +
+                               " --l2norm --chunk-size 32 --policy " + policy);
+    ASSERT_EQ(run.code, 0) << run.output;
+    expect_outputs(policy, std::string("policy ") + policy);
+  }
+  // Residual files from the forward command are picked up.
+  ASSERT_EQ(gdn_cli("forward --in '" + path("in") + "' --out '" + path("in") +
+                    "' --l2norm --chunk-size 32 --residuals --quiet")
+                .code,
+            0);
+  const Result files = gdn_cli("backward " + io("files") + " --l2norm --chunk-size 32");
+  ASSERT_EQ(files.code, 0) << files.output;
+  EXPECT_NE(files.output.find("chunk_states.npy and t_inv.npy from"), std::string::npos)
+      << files.output;
+  expect_outputs("files", "residual files");
+  // The reference.
+  const Result ref_run = gdn_cli("backward " + io("ref") + " --l2norm --chunk-size 32 --reference");
+  ASSERT_EQ(ref_run.code, 0) << ref_run.output;
+  const BackwardResult ref_expected = ref::recurrent_bwd(in, options);
+  EXPECT_TRUE(
+      test::bit_identical(npy::load(path("ref/dq.npy")), ref_expected.dq, "reference dq.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("ref/dh0.npy")), ref_expected.d_initial_state,
+                                  "reference dh0.npy"));
+  // Errors: a missing cotangent, residuals of another chunk size.
+  std::filesystem::remove(path("in/do.npy"));
+  const Result missing = gdn_cli("backward " + io("x") + " --l2norm --chunk-size 32");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.output.find("do.npy: cannot open"), std::string::npos) << missing.output;
+  npy::save(path("in/do.npy"), c.d_o);
+  const Result mismatch = gdn_cli("backward " + io("x") + " --l2norm --chunk-size 16");
+  EXPECT_EQ(mismatch.code, 1);
+  EXPECT_NE(mismatch.output.find("chunk_states.npy (chunk_states)': expected shape"),
+            std::string::npos)
+      << mismatch.output;
+}
+
 TEST_F(Cli, UsageErrors) {
   write_inputs();
   const Result unknown = gdn_cli("forward " + io() + " --chunksize 32");
@@ -190,7 +251,8 @@ TEST_F(Cli, UsageErrors) {
 }
 
 TEST_F(Cli, HelpShowsExamples) {
-  for (const char* args : {"--help", "forward --help", "bench --help", "help forward"}) {
+  for (const char* args : {"--help", "forward --help", "backward --help", "bench --help",
+                           "help forward", "help backward"}) {
     const Result run = gdn_cli(args);
     EXPECT_EQ(run.code, 0) << args;
     EXPECT_NE(run.output.find("examples:"), std::string::npos) << args << ": " << run.output;
@@ -216,7 +278,7 @@ TEST_F(Cli, BenchJsonLines) {
     ++lines;
     ++at;
   }
-  EXPECT_EQ(lines, 3) << run.output;
+  EXPECT_EQ(lines, 6) << run.output;  // 3 forward cases, backward under 3 policies
   EXPECT_NE(run.output.find("PASS"), std::string::npos) << run.output;
 }
 

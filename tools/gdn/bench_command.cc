@@ -1,7 +1,7 @@
 // bench_command.cc: `gdn bench`, the default benchmark (the project's main job).
 //
 // Validate, then time: every case is first checked against the float64 reference on a slice
-// of its own output, then timed (one warm-up, then --repeats runs; median, min, max), and
+// of the problem, then timed (one warm-up, then --repeats runs; median, min, max), and
 // reported beside the fp32 FMA peak measured in the same run with the same threads.
 #include <unistd.h>
 
@@ -26,12 +26,15 @@ namespace gdn::cli {
 
 const char* const kBenchHelp = R"HELP(usage: gdn bench [options]
 
-Times the forward pass at one problem shape and prints, for the chunked forward (without and
-with residuals) and the token-recurrence baseline: median latency with min and max over the
-repeats, us per token*head, GFLOP/s from the cost model (bench/cost_model.h), %% of the fp32
-FMA peak measured in the same run, bytes of residuals and the process's peak RSS. Before
-timing, each case's output is checked against the float64 reference on a slice (the first
-tokens of the first key head's value heads); a failed check stops the benchmark (exit 1).
+Times the forward and backward passes at one problem shape. Cases: the chunked forward
+without and with residuals, the token-recurrence baseline, and the chunked backward under each
+remat policy (all: from kept chunk_states and t_inv; t_inv: rebuilding the chunk states;
+none: rebuilding both; the forward that produced the residuals is not timed). For each: median
+latency with min and max over the repeats, us per token*head, GFLOP/s from the cost model
+(bench/cost_model.h), %% of the fp32 FMA peak measured in the same run, bytes of residuals
+and the process's peak RSS during the case. Before timing, each case is checked against the
+float64 reference on a slice of the problem (the first tokens of the first key head and its
+value heads); a failed check stops the benchmark (exit 1).
 
 The default is one Qwen3-Next GDN layer: Hk = 16, Hv = 32, Dk = Dv = 128, one sequence of
 8192 tokens, float32, q and k L2-normalised in the kernel, all cores.
@@ -41,14 +44,16 @@ options:
 examples:
   gdn bench
   gdn bench --threads 1
-  gdn bench --tokens 65536 --repeats 3
-  gdn bench --hv 64 --seqs 4 --tokens 2048 --json > results.jsonl
+  gdn bench --seq 64k --repeats 3
+  gdn bench --cases backward --json > backward.jsonl
+  gdn bench --hv 64 --seqs 4 --tokens 2048
 )HELP";
 
 namespace {
 
 const std::vector<OptionSpec> kOptions = {
     {"tokens", "T", "tokens per sequence (default 8192)"},
+    {"seq", "T", "the same as --tokens; accepts a k suffix (8k, 64k)"},
     {"seqs", "N", "sequences, packed back to back (default 1)"},
     {"hk", "HK", "query/key heads (default 16)"},
     {"hv", "HV", "value heads, a multiple of HK (default 32)"},
@@ -57,10 +62,14 @@ const std::vector<OptionSpec> kOptions = {
     {"chunk-size", "C", "tokens per chunk, 1 to 256 (default 64)"},
     {"threads", "N", "worker threads, 0 = all cores (default 0)"},
     {"repeats", "R", "timed runs per case after one warm-up (default 5)"},
+    {"cases", "LIST", "all, forward or backward (default all)"},
     {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
     {"json", nullptr, "print one JSON object per case and nothing else on stdout"},
     {"help", nullptr, "show this help"},
 };
+
+// fp32 tolerance of the checks (docs/numerics.md).
+constexpr double kTolerance = 1e-4;
 
 // Deterministic, fast uniform numbers in [lo, hi) (splitmix64).
 class Random {
@@ -79,20 +88,6 @@ class Random {
   std::uint64_t state_;
 };
 
-struct Case {
-  const char* op;
-  const char* impl;
-  Algorithm algorithm;
-  bool residuals;  // keep chunk_states and t_inv
-  std::int64_t residual_bytes;
-  double flops;  // cost model
-};
-
-struct Timing {
-  double median_ms = 0, min_ms = 0, max_ms = 0;
-  std::int64_t peak_rss = 0;
-};
-
 // Progress goes to stderr when it is a terminal, one line rewritten in place.
 void progress(const char* format, ...) __attribute__((format(printf, 1, 2)));
 void progress(const char* format, ...) {
@@ -105,15 +100,32 @@ void progress(const char* format, ...) {
   va_end(args);
 }
 
-Timing time_case(const Case& c, int repeats, const std::function<void()>& run) {
+// One measured case: `setup` allocates its outputs (and runs whatever untimed work it needs),
+// `run` is what is timed, `check` compares with the float64 reference and returns the error,
+// `teardown` frees what setup allocated.
+struct Case {
+  std::string op, impl, residuals;
+  Residuals kept = Residuals::none;
+  double flops = 0;
+  std::int64_t residual_bytes = 0;
+  std::function<void()> setup, run, teardown;
+  std::function<double()> check;
+};
+
+struct Timing {
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+  std::int64_t peak_rss = 0;
+};
+
+Timing time_case(const Case& c, int repeats) {
   std::vector<double> ms;
   for (int r = 0; r < repeats; ++r) {
     const auto start = std::chrono::steady_clock::now();
-    run();
+    c.run();
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                      .count());
-    progress("  %s %s%s: run %d/%d took %.2f ms", c.op, c.impl, c.residuals ? " +residuals" : "",
-             r + 1, repeats, ms.back());
+    progress("  %s %s (residuals %s): run %d/%d took %.2f ms", c.op.c_str(), c.impl.c_str(),
+             c.residuals.c_str(), r + 1, repeats, ms.back());
   }
   progress("%s", "");
   std::sort(ms.begin(), ms.end());
@@ -125,6 +137,47 @@ Timing time_case(const Case& c, int repeats, const std::function<void()>& run) {
   return t;
 }
 
+std::int64_t parse_tokens(const Args& args) {
+  if (!args.has("seq")) return args.integer("tokens", 8192, 1, std::int64_t{1} << 24);
+  if (args.has("tokens")) throw UsageError("options '--seq' and '--tokens' are the same; give one");
+  std::string text = args.text("seq", "");
+  std::int64_t multiplier = 1;
+  if (!text.empty() && (text.back() == 'k' || text.back() == 'K')) {
+    multiplier = 1024;
+    text.pop_back();
+  }
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || value < 1 || value * multiplier > (std::int64_t{1} << 24)) {
+    throw UsageError("option '--seq': expected a token count such as 8192, 8k or 64k, given '" +
+                     args.text("seq", "") + "'");
+  }
+  return value * multiplier;
+}
+
+// The largest normalised error of float32 tensors against their float64 references.
+double max_error(const std::vector<std::pair<const Tensor*, const Tensor*>>& pairs) {
+  double worst = 0;
+  for (const auto& [x, ref] : pairs) {
+    const double e =
+        bench::error_stats(x->data<float>(), ref->data<double>(), x->numel()).normalized();
+    worst = std::max(worst, e);
+  }
+  return worst;
+}
+
+// float32 gradients shaped like the inputs (what a framework would pass to the backward).
+BackwardResult allocate_grads(const ForwardInputs& in, const ForwardShape& shape) {
+  BackwardResult r;
+  r.dq = Tensor(DType::f32, in.q.rank, in.q.sizes);
+  r.dk = Tensor(DType::f32, in.k.rank, in.k.sizes);
+  r.dv = Tensor(DType::f32, in.v.rank, in.v.sizes);
+  r.dg = Tensor(DType::f32, in.g.rank, in.g.sizes);
+  r.dbeta = Tensor(DType::f32, in.beta.rank, in.beta.sizes);
+  r.d_initial_state = Tensor(DType::f32, 4, shape.state_sizes());
+  return r;
+}
+
 }  // namespace
 
 int bench_command(int argc, char** argv) {
@@ -133,7 +186,7 @@ int bench_command(int argc, char** argv) {
     std::printf(kBenchHelp, describe_options(kOptions).c_str());
     return 0;
   }
-  const std::int64_t tokens = args.integer("tokens", 8192, 1, std::int64_t{1} << 24);
+  const std::int64_t tokens = parse_tokens(args);
   const std::int64_t seqs = args.integer("seqs", 1, 1, 4096);
   const std::int64_t hk = args.integer("hk", 16, 1, 1024);
   const std::int64_t hv = args.integer("hv", 32, 1, 4096);
@@ -143,6 +196,7 @@ int bench_command(int argc, char** argv) {
   const int repeats = static_cast<int>(args.integer("repeats", 5, 1, 1000));
   int threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   const bool json = args.flag("json");
+  const std::string which = args.choice("cases", "all", {"all", "forward", "backward"});
   const std::string isa_name = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
   if (hv % hk != 0) {
     throw UsageError("option '--hv': expected a multiple of --hk = " + std::to_string(hk) +
@@ -157,8 +211,8 @@ int bench_command(int argc, char** argv) {
 
   std::FILE* info = json ? stderr : stdout;
   std::fprintf(info,
-               "gdn bench: forward, Hk=%lld Hv=%lld Dk=%lld Dv=%lld, %lld x %lld tokens, f32, "
-               "chunk %d, l2norm\n",
+               "gdn bench: Hk=%lld Hv=%lld Dk=%lld Dv=%lld, %lld x %lld tokens, f32, chunk %d, "
+               "l2norm\n",
                static_cast<long long>(hk), static_cast<long long>(hv), static_cast<long long>(dk),
                static_cast<long long>(dv), static_cast<long long>(seqs),
                static_cast<long long>(tokens), chunk);
@@ -166,7 +220,7 @@ int bench_command(int argc, char** argv) {
                cpu_isa_name(isa), threads, threads == 1 ? "" : "s");
 
   // Inputs: q, k, v uniform in [-1, 1) (normalised in the kernel), g in [-2, 0) (decays
-  // between 0.14 and 1 per token), beta in [0, 1).
+  // between 0.14 and 1 per token), beta in [0, 1); the cotangent d_o uniform in [-1, 1).
   progress("  generating inputs...");
   Random rng(20261202);
   Tensor q(DType::f32, {total, hk, dk}), k(DType::f32, {total, hk, dk}),
@@ -181,6 +235,13 @@ int bench_command(int argc, char** argv) {
     beta.data<float>()[i] = static_cast<float>(rng.uniform(0, 1));
   }
   for (std::int64_t s = 0; s <= seqs; ++s) cu.data<std::int64_t>()[s] = s * tokens;
+  Tensor d_o;
+  if (which != "forward") {
+    d_o = Tensor(DType::f32, {total, hv, dv});
+    for (std::int64_t i = 0; i < d_o.numel(); ++i) {
+      d_o.data<float>()[i] = static_cast<float>(rng.uniform(-1, 1));
+    }
+  }
   const ForwardInputs inputs{q.view(), k.view(), v.view(), g.view(), beta.view(), {}, cu.view()};
 
   ForwardOptions base;
@@ -190,7 +251,7 @@ int bench_command(int argc, char** argv) {
   base.isa = isa;
   const ForwardShape shape = forward_shape(inputs, base);
 
-  // The reference on the slice: the first tokens of sequence 0, key head 0 and its value heads.
+  // The check slice: the first tokens of sequence 0, key head 0 and its value heads.
   const std::int64_t group = hv / hk;
   const std::int64_t check_tokens = std::min<std::int64_t>(tokens, 3 * chunk + 5);
   const ForwardInputs slice{
@@ -201,52 +262,139 @@ int bench_command(int argc, char** argv) {
       TensorView(beta.data<float>(), {check_tokens, group}, {hv, 1}),
       {},
       {}};
-  ForwardOptions ref_options = base;
-  ref_options.threads = threads;
   progress("  float64 reference on the check slice...");
-  const ForwardResult reference = ref::recurrent_fwd(slice, ref_options);
+  const ForwardResult reference = ref::recurrent_fwd(slice, base);
+  BackwardInputs slice_bwd;
+  BackwardResult reference_grads;
+  if (which != "forward") {
+    slice_bwd = {
+        slice.q,    slice.k,
+        slice.v,    slice.g,
+        slice.beta, {},
+        {},         TensorView(d_o.data<float>(), {check_tokens, group, dv}, {hv * dv, dv, 1}),
+        {},         {},
+        {}};
+    reference_grads = ref::recurrent_bwd(slice_bwd, base);
+  }
   progress("%s", "");
 
   // Every case writes into its own outputs, allocated for the case and freed after it (what a
   // framework would pass in), so that its peak RSS is inputs + its outputs + workspaces.
-  struct Outputs {
-    Tensor o, ht, chunk_states, t_inv;
-  };
-  std::unique_ptr<Outputs> out;
-  auto allocate = [&](bool residuals) {
-    out = std::make_unique<Outputs>();
-    out->o = Tensor(DType::f32, 3, shape.o_sizes());
-    out->ht = Tensor(DType::f32, 4, shape.state_sizes());
-    if (residuals) {
-      out->chunk_states = Tensor(DType::f32, 4, shape.chunk_states_sizes());
-      out->t_inv = Tensor(DType::f32, 4, shape.t_inv_sizes());
-    }
-  };
-  auto run = [&](Algorithm algorithm) {
+  ForwardResult fwd_out;
+  BackwardResult grads;
+  std::vector<Case> cases;
+  auto forward_case = [&](const char* impl, Algorithm algorithm, Residuals kept) {
+    Case c;
+    c.op = "forward";
+    c.impl = impl;
+    c.residuals = kept == Residuals::all ? "all" : "none";
+    c.kept = kept;
+    c.residual_bytes = residual_bytes(shape, kept);
+    c.flops = algorithm == Algorithm::chunked
+                  ? bench::over_chunks(
+                        tokens, seqs, hv, chunk,
+                        [&](double n) { return bench::chunked_forward_flops_per_chunk(n, dk, dv); })
+                  : bench::recurrent_forward_flops(total, hv, dk, dv);
     ForwardOptions options = base;
     options.algorithm = algorithm;
-    chunk_gated_delta_rule_fwd(inputs,
-                               {out->o.mutable_view(), out->ht.mutable_view(),
-                                out->chunk_states.mutable_view(), out->t_inv.mutable_view()},
-                               options);
+    c.setup = [&, kept]() {
+      fwd_out = ForwardResult{};
+      fwd_out.o = Tensor(DType::f32, 3, shape.o_sizes());
+      fwd_out.final_state = Tensor(DType::f32, 4, shape.state_sizes());
+      if (kept == Residuals::all) {
+        fwd_out.chunk_states = Tensor(DType::f32, 4, shape.chunk_states_sizes());
+        fwd_out.t_inv = Tensor(DType::f32, 4, shape.t_inv_sizes());
+      }
+    };
+    c.run = [&, options]() {
+      chunk_gated_delta_rule_fwd(
+          inputs,
+          {fwd_out.o.mutable_view(), fwd_out.final_state.mutable_view(),
+           fwd_out.chunk_states.mutable_view(), fwd_out.t_inv.mutable_view()},
+          options);
+    };
+    c.check = [&]() {
+      const float* o = fwd_out.o.data<float>();
+      const double* r = reference.o.data<double>();
+      const std::int64_t row = group * dv;
+      return bench::error_stats(
+                 check_tokens * row,
+                 [&](std::int64_t i) { return o[(i / row) * hv * dv + i % row]; },
+                 [&](std::int64_t i) { return r[i]; })
+          .normalized();
+    };
+    c.teardown = [&]() { fwd_out = ForwardResult{}; };
+    cases.push_back(std::move(c));
   };
-  auto check = [&]() {
-    const float* o = out->o.data<float>();
-    const double* r = reference.o.data<double>();
-    const std::int64_t row = group * dv;
-    return bench::error_stats(
-               check_tokens * row, [&](std::int64_t i) { return o[(i / row) * hv * dv + i % row]; },
-               [&](std::int64_t i) { return r[i]; })
-        .normalized();
+  auto backward_case = [&](Residuals kept) {
+    Case c;
+    c.op = "backward";
+    c.impl = "chunked";
+    c.residuals = kept == Residuals::all ? "all" : kept == Residuals::t_inv ? "t_inv" : "none";
+    c.kept = kept;
+    c.residual_bytes = residual_bytes(shape, kept);
+    c.flops = bench::over_chunks(tokens, seqs, hv, chunk, [&](double n) {
+      return bench::chunked_backward_flops_per_chunk(n, dk, dv) +
+             (kept == Residuals::all
+                  ? 0.0
+                  : bench::rebuild_flops_per_chunk(n, dk, dv, kept == Residuals::none));
+    });
+    c.setup = [&, kept]() {
+      // The residuals of this policy, by an untimed forward.
+      ForwardOptions options = base;
+      options.algorithm = Algorithm::chunked;
+      fwd_out = chunk_gated_delta_rule_fwd(inputs, options, kept);
+      fwd_out.o = Tensor{};
+      grads = allocate_grads(inputs, shape);
+    };
+    c.run = [&]() {
+      const BackwardInputs in{q.view(),
+                              k.view(),
+                              v.view(),
+                              g.view(),
+                              beta.view(),
+                              {},
+                              cu.view(),
+                              d_o.view(),
+                              {},
+                              fwd_out.chunk_states.view(),
+                              fwd_out.t_inv.view()};
+      chunk_gated_delta_rule_bwd(in,
+                                 {grads.dq.mutable_view(), grads.dk.mutable_view(),
+                                  grads.dv.mutable_view(), grads.dg.mutable_view(),
+                                  grads.dbeta.mutable_view(), grads.d_initial_state.mutable_view()},
+                                 base);
+    };
+    c.check = [&, kept]() {
+      // The same policy on the slice (its own residuals), against the reference backward.
+      ForwardOptions options = base;
+      options.algorithm = Algorithm::chunked;
+      const ForwardResult res = chunk_gated_delta_rule_fwd(slice, options, kept);
+      BackwardInputs in = slice_bwd;
+      in.chunk_states = res.chunk_states.view();
+      in.t_inv = res.t_inv.view();
+      const BackwardResult r = chunk_gated_delta_rule_bwd(in, base);
+      return max_error({{&r.dq, &reference_grads.dq},
+                        {&r.dk, &reference_grads.dk},
+                        {&r.dv, &reference_grads.dv},
+                        {&r.dg, &reference_grads.dg},
+                        {&r.dbeta, &reference_grads.dbeta},
+                        {&r.d_initial_state, &reference_grads.d_initial_state}});
+    };
+    c.teardown = [&]() {
+      fwd_out = ForwardResult{};
+      grads = BackwardResult{};
+    };
+    cases.push_back(std::move(c));
   };
-  const double chunked_flops = bench::chunked_forward_flops(tokens, seqs, hv, dk, dv, chunk);
-  const std::vector<Case> cases = {
-      {"forward", "chunked", Algorithm::chunked, false, 0, chunked_flops},
-      {"forward", "chunked", Algorithm::chunked, true, residual_bytes(shape, Residuals::all),
-       chunked_flops},
-      {"forward", "recurrent", Algorithm::recurrent, false, 0,
-       bench::recurrent_forward_flops(total, hv, dk, dv)},
-  };
+  if (which != "backward") {
+    forward_case("chunked", Algorithm::chunked, Residuals::none);
+    forward_case("chunked", Algorithm::chunked, Residuals::all);
+    forward_case("recurrent", Algorithm::recurrent, Residuals::none);
+  }
+  if (which != "forward") {
+    for (Residuals kept : {Residuals::all, Residuals::t_inv, Residuals::none}) backward_case(kept);
+  }
 
   progress("  measuring the fp32 FMA peak...");
   const double peak = cpu::measure_fma_peak_gflops(isa, threads);
@@ -254,47 +402,42 @@ int bench_command(int argc, char** argv) {
   std::fprintf(info, "fp32 FMA peak, measured now (%s, %d thread%s): %.1f GFLOP/s\n",
                cpu_isa_name(isa), threads, threads == 1 ? "" : "s", peak);
 
-  // fp32 tolerance of the check: docs/numerics.md.
-  constexpr double kTolerance = 1e-4;
   std::vector<Timing> timings;
   std::vector<std::string> rows;
   for (const Case& c : cases) {
-    const char* residuals = c.residuals ? "all" : "none";
     reset_peak_rss();
-    allocate(c.residuals);
-    run(c.algorithm);  // the warm-up run, checked before anything is timed
-    const double error = check();
-    std::fprintf(
-        info,
-        "check: %s %s, residuals %s, vs float64 reference (%lld tokens x %lld heads): error %.2e "
-        "(tolerance %.0e) %s\n",
-        c.op, c.impl, residuals, static_cast<long long>(check_tokens),
-        static_cast<long long>(group), error, kTolerance, error <= kTolerance ? "PASS" : "FAIL");
+    c.setup();
+    c.run();  // the warm-up run
+    const double error = c.check();
+    std::fprintf(info,
+                 "check: %s %s, residuals %s, vs float64 reference (%lld tokens x %lld heads): "
+                 "error %.2e (tolerance %.0e) %s\n",
+                 c.op.c_str(), c.impl.c_str(), c.residuals.c_str(),
+                 static_cast<long long>(check_tokens), static_cast<long long>(group), error,
+                 kTolerance, error <= kTolerance ? "PASS" : "FAIL");
     if (!(error <= kTolerance)) {
-      std::fprintf(
-          stderr,
-          "gdn bench: the %s %s output does not match the float64 reference; not timing it\n", c.op,
-          c.impl);
+      std::fprintf(stderr,
+                   "gdn bench: the %s %s result does not match the float64 reference; not timing "
+                   "it\n",
+                   c.op.c_str(), c.impl.c_str());
       return 1;
     }
-    Timing t = time_case(c, repeats, [&]() { run(c.algorithm); });
+    Timing t = time_case(c, repeats);
     t.peak_rss = peak_rss_bytes();
-    out.reset();
+    c.teardown();
     timings.push_back(t);
     const double us_per = t.median_ms * 1e3 / static_cast<double>(total * hv);
     const double gflops = c.flops / (t.median_ms * 1e-3) * 1e-9;
     if (json) {
       std::printf(
-          "{\"op\": \"%s\", \"impl\": \"%s\", \"residuals\": \"%s\", \"dtype\": \"f32\", \"isa\": "
-          "\"%s\", "
-          "\"threads\": %d, \"tokens\": %lld, \"seqs\": %lld, \"hk\": %lld, \"hv\": %lld, \"dk\": "
-          "%lld, "
-          "\"dv\": %lld, \"chunk_size\": %d, \"repeats\": %d, \"median_ms\": %.4f, \"min_ms\": "
-          "%.4f, "
-          "\"max_ms\": %.4f, \"us_per_token_head\": %.5f, \"gflops\": %.2f, \"peak_gflops\": %.2f, "
-          "\"pct_peak\": %.2f, \"residual_bytes\": %lld, \"peak_rss_bytes\": %lld, "
-          "\"check_error\": %.3e}\n",
-          c.op, c.impl, residuals, cpu_isa_name(isa), threads, static_cast<long long>(tokens),
+          "{\"op\": \"%s\", \"impl\": \"%s\", \"residuals\": \"%s\", \"dtype\": \"f32\", "
+          "\"isa\": \"%s\", \"threads\": %d, \"tokens\": %lld, \"seqs\": %lld, \"hk\": %lld, "
+          "\"hv\": %lld, \"dk\": %lld, \"dv\": %lld, \"chunk_size\": %d, \"repeats\": %d, "
+          "\"median_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, \"us_per_token_head\": %.5f, "
+          "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"pct_peak\": %.2f, \"residual_bytes\": %lld, "
+          "\"peak_rss_bytes\": %lld, \"check_error\": %.3e}\n",
+          (c.op == "backward" ? "backward-" + c.residuals : c.op).c_str(), c.impl.c_str(),
+          c.residuals.c_str(), cpu_isa_name(isa), threads, static_cast<long long>(tokens),
           static_cast<long long>(seqs), static_cast<long long>(hk), static_cast<long long>(hv),
           static_cast<long long>(dk), static_cast<long long>(dv), chunk, repeats, t.median_ms,
           t.min_ms, t.max_ms, us_per, gflops, peak, 100 * gflops / peak,
@@ -303,26 +446,43 @@ int bench_command(int argc, char** argv) {
       char range[64], row[256];
       std::snprintf(range, sizeof range, "(%.2f - %.2f)", t.min_ms, t.max_ms);
       std::snprintf(row, sizeof row,
-                    "%-8s %-10s %-5s %11.2f %21s %12.3f %9.1f %6.1f%% %14.1f %13.1f\n", c.op,
-                    c.impl, residuals, t.median_ms, range, us_per, gflops, 100 * gflops / peak,
-                    static_cast<double>(c.residual_bytes) / (1 << 20),
+                    "%-9s %-10s %-6s %11.2f %21s %12.3f %9.1f %6.1f%% %14.1f %13.1f\n",
+                    c.op.c_str(), c.impl.c_str(), c.residuals.c_str(), t.median_ms, range, us_per,
+                    gflops, 100 * gflops / peak, static_cast<double>(c.residual_bytes) / (1 << 20),
                     static_cast<double>(t.peak_rss) / (1 << 20));
       rows.push_back(row);
     }
     std::fflush(stdout);
   }
   if (!json) {
-    std::printf("\n%-8s %-10s %-5s %11s %21s %12s %9s %7s %14s %13s\n", "op", "impl", "resid",
+    std::printf("\n%-9s %-10s %-6s %11s %21s %12s %9s %7s %14s %13s\n", "op", "impl", "resid",
                 "median ms", "(min - max)", "us/tok*head", "GFLOP/s", "% peak", "residual MiB",
                 "peak RSS MiB");
     for (const std::string& row : rows) std::fputs(row.c_str(), stdout);
-    std::printf("\nchunked forward vs token recurrence: %.2fx %s (median)\n",
-                std::max(timings[2].median_ms / timings[0].median_ms,
-                         timings[0].median_ms / timings[2].median_ms),
-                timings[0].median_ms <= timings[2].median_ms ? "faster" : "SLOWER");
+    std::printf("\n");
+    auto median_of = [&](const char* op, const char* impl, const char* residuals) {
+      for (std::size_t i = 0; i < cases.size(); ++i) {
+        if (cases[i].op == op && cases[i].impl == impl && cases[i].residuals == residuals) {
+          return timings[i].median_ms;
+        }
+      }
+      return 0.0;
+    };
+    const double fwd = median_of("forward", "chunked", "none");
+    const double fwd_res = median_of("forward", "chunked", "all");
+    const double rec = median_of("forward", "recurrent", "none");
+    const double bwd = median_of("backward", "chunked", "all");
+    if (fwd > 0 && rec > 0) {
+      std::printf("chunked forward vs token recurrence: %.2fx %s (median)\n",
+                  std::max(rec / fwd, fwd / rec), fwd <= rec ? "faster" : "SLOWER");
+    }
+    if (bwd > 0 && fwd_res > 0) {
+      std::printf("backward from full residuals: %.2fx the forward that keeps them (median)\n",
+                  bwd / fwd_res);
+    }
     std::printf(
-        "us/tok*head is wall time / (tokens x value heads) with %d thread%s; per core multiply by "
-        "%d.\n",
+        "us/tok*head is wall time / (tokens x value heads) with %d thread%s; per core "
+        "multiply by %d.\n",
         threads, threads == 1 ? "" : "s", threads);
   }
   return 0;

@@ -6,9 +6,7 @@
 namespace gdn::cli {
 
 int forward_command(int argc, char** argv);
+int backward_command(int argc, char** argv);
 int bench_command(int argc, char** argv);
-
-extern const char* const kForwardHelp;
-extern const char* const kBenchHelp;
 
 }  // namespace gdn::cli

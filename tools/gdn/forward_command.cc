@@ -8,6 +8,7 @@
 #include "args.h"
 #include "commands.h"
 #include "gdn/gdn.h"
+#include "inputs.h"
 #include "npy.h"
 
 namespace gdn::cli {
@@ -56,16 +57,6 @@ const std::vector<OptionSpec> kOptions = {
     {"help", nullptr, "show this help"},
 };
 
-// The CLI file behind each argument name of the library, for error messages.
-std::string file_of(const std::string& argument) {
-  if (argument == "initial_state") return "h0.npy";
-  if (argument == "q" || argument == "k" || argument == "v" || argument == "g" ||
-      argument == "beta" || argument == "cu_seqlens") {
-    return argument + ".npy";
-  }
-  return "";
-}
-
 }  // namespace
 
 int forward_command(int argc, char** argv) {
@@ -76,50 +67,18 @@ int forward_command(int argc, char** argv) {
   }
   const std::filesystem::path in_dir = args.required_text("in");
   const std::filesystem::path out_dir = args.required_text("out");
-  ForwardOptions options;
-  options.chunk_size = static_cast<int>(args.integer("chunk-size", 64, 1, 256));
-  options.threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
-  options.use_qk_l2norm = args.flag("l2norm");
-  if (auto s = args.number("scale")) options.scale = *s;
+  ForwardOptions options = forward_options_from(args);
   const std::string algorithm = args.choice("algorithm", "auto", {"auto", "chunked", "recurrent"});
   options.algorithm = algorithm == "chunked"     ? Algorithm::chunked
                       : algorithm == "recurrent" ? Algorithm::recurrent
                                                  : Algorithm::automatic;
-  const std::string isa = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
-  options.isa = isa == "generic"  ? CpuIsa::generic
-                : isa == "avx2"   ? CpuIsa::avx2
-                : isa == "avx512" ? CpuIsa::avx512
-                                  : CpuIsa::automatic;
   const bool reference = args.flag("reference");
   const bool residuals = args.flag("residuals");
   if (reference && args.has("algorithm")) {
     throw UsageError("option '--algorithm' does not apply with --reference");
   }
-  if (!std::filesystem::is_directory(in_dir)) {
-    throw UsageError(
-        "option '--in': expected a directory with q.npy, k.npy, v.npy, g.npy, beta.npy, given '" +
-        in_dir.string() + "'");
-  }
-
-  Tensor q = npy::load(in_dir / "q.npy");
-  Tensor k = npy::load(in_dir / "k.npy");
-  Tensor v = npy::load(in_dir / "v.npy");
-  Tensor g = npy::load(in_dir / "g.npy");
-  Tensor beta = npy::load(in_dir / "beta.npy");
-  Tensor cu, h0;
-  if (std::filesystem::exists(in_dir / "cu_seqlens.npy")) {
-    cu = npy::load(in_dir / "cu_seqlens.npy");
-    if (cu.dtype() == DType::i32) {  // widen int32 boundaries exactly
-      Tensor wide(DType::i64, cu.rank(), cu.sizes());
-      for (std::int64_t i = 0; i < cu.numel(); ++i)
-        wide.data<std::int64_t>()[i] = cu.data<std::int32_t>()[i];
-      cu = std::move(wide);
-    }
-  }
-  if (std::filesystem::exists(in_dir / "h0.npy")) h0 = npy::load(in_dir / "h0.npy");
-
-  const ForwardInputs inputs{q.view(),    k.view(),  v.view(), g.view(),
-                             beta.view(), h0.view(), cu.view()};
+  const ForwardTensors tensors = load_forward_inputs(in_dir);
+  const ForwardInputs inputs = tensors.inputs();
   const Residuals keep = residuals ? Residuals::all : Residuals::none;
   ForwardResult result;
   const auto start = std::chrono::steady_clock::now();
@@ -135,7 +94,7 @@ int forward_command(int argc, char** argv) {
       result = chunk_gated_delta_rule_fwd(inputs, options, keep);
     }
   } catch (const InvalidArgument& e) {
-    const std::string file = file_of(e.argument());
+    const std::string file = file_of_argument(e.argument());
     if (file.empty()) throw;
     throw InvalidArgument(file + " (" + e.argument() + ")", e.expected(), e.given());
   }

@@ -17,7 +17,8 @@ Gated DeltaNet (the gated delta rule of Qwen3-Next / Qwen3.5) on the CPU, exact 
 
 commands:
   forward   run the forward pass on .npy tensors (q, k, v, g, beta [, cu_seqlens, h0])
-  bench     time the forward pass (default: one Qwen3-Next layer, 8192 tokens)
+  backward  run the backward pass on .npy tensors (the forward's, do [, dht, residuals])
+  bench     time the forward and backward passes (default: one Qwen3-Next layer, 8192 tokens)
   version   print the version, the CPU variants and the threads this build uses
   help      show this help, or `gdn help <command>` for a command's
 
@@ -28,6 +29,7 @@ examples:
   gdn bench --threads 1 --json
   gdn forward --in dump/ --out result/ --l2norm
   gdn forward --in dump/ --out ref/ --reference --l2norm
+  gdn backward --in dump/ --out grads/ --l2norm --policy t_inv
 )HELP";
 
 int print_version() {
@@ -53,6 +55,10 @@ int main(int argc, char** argv) {
         char* args[] = {argv[0], argv[2], const_cast<char*>("--help")};
         return gdn::cli::forward_command(3, args);
       }
+      if (argc > 2 && std::strcmp(argv[2], "backward") == 0) {
+        char* args[] = {argv[0], argv[2], const_cast<char*>("--help")};
+        return gdn::cli::backward_command(3, args);
+      }
       if (argc > 2 && std::strcmp(argv[2], "bench") == 0) {
         char* args[] = {argv[0], argv[2], const_cast<char*>("--help")};
         return gdn::cli::bench_command(3, args);
@@ -61,9 +67,11 @@ int main(int argc, char** argv) {
       return command.empty() ? 2 : 0;
     }
     if (command == "forward") return gdn::cli::forward_command(argc, argv);
+    if (command == "backward") return gdn::cli::backward_command(argc, argv);
     if (command == "bench") return gdn::cli::bench_command(argc, argv);
     if (command == "version" || command == "--version") return print_version();
-    std::fprintf(stderr, "gdn: unknown command '%s' (expected forward, bench, version or help)\n",
+    std::fprintf(stderr,
+                 "gdn: unknown command '%s' (expected forward, backward, bench, version or help)\n",
                  command.c_str());
     return 2;
   } catch (const gdn::cli::UsageError& e) {

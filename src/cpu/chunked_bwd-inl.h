@@ -1,0 +1,383 @@
+// chunked_bwd-inl.h: the chunked backward of one sequence for the value heads of one key head,
+// float32 or float64, for one ISA variant. Must match gdn::ref::recurrent_bwd
+// (tests/cpu/backward_test.cc); benchmark: `gdn bench` (backward-* cases).
+//
+// Chunks are walked in reverse with each head's dS carried in the compute precision. Per chunk
+// of n tokens, S = the state entering it, A = T^-1, dS' = the cotangent of the state leaving
+// it (docs/math.md section 5.2 derives every line):
+//   recompute   Q~, K, K^T, [Q;K] K^T (shared by the heads); per head V, beta, G, e^G, Gamma,
+//               P, L, B = K K^T . Gamma, A (t_inv or solve_tril), X = [Q;K] S,
+//               U0 = V - e^G . K S,  R = beta . U0,  V_new = A R
+//   bwd_values  K dS', dV_new = P^T dO + d . (K dS'),  dR = A^T dV_new,
+//               [dP; -dL] = [dO; dR] V_new^T
+//   bwd_gates   dbeta = rowsum(dR . U0) + rowsum(dL . B);  dv = beta . dR;
+//               dG from e^G, e^(G_last - G), e^G_last and Gamma;  dg = reverse cumsum(dG)
+//   bwd_qk      [dQ~; dK] += [dP.Gamma K; (dP.Gamma)^T Q~ + (dB.Gamma + (dB.Gamma)^T) K
+//                            + (d . V_new) dS'^T] + [e dO; -beta e dR] S^T
+//   bwd_state   dS = e^G_last dS' + [Q~; K]^T [e dO; -beta e dR]
+// dq, dk of a chunk are summed over the heads (in head order), then scaled and taken through
+// the L2-norm backward.
+
+template <class Real>
+struct BackwardBuffers {
+  ChunkBuffers<Real> c;  // the forward's chunk buffers (c.states unused)
+  Real* r;
+  Real* dodr;
+  Real* dvn;
+  Real* vnt;
+  Real* dpl;
+  Real* st;
+  Real* dst;
+  Real* state;
+  Real* dqk;
+  Real* hmat;
+  Real* dd;  // dd_i d_i
+  Real* dbeta;
+  Real* de;  // de_i e_i
+  Real* row;
+  Real* ds;
+  Real* rebuilt;
+
+  BackwardBuffers(std::byte* workspace, const BackwardLayout& l) : c(workspace, l.fwd) {
+    Real* w = reinterpret_cast<Real*>(workspace);
+    c.gamma = w + l.gamma;
+    c.bmat = w + l.bmat;
+    r = w + l.r;
+    dodr = w + l.dodr;
+    dvn = w + l.dvn;
+    vnt = w + l.vnt;
+    dpl = w + l.dpl;
+    st = w + l.st;
+    dst = w + l.dst;
+    state = w + l.state;
+    dqk = w + l.dqk;
+    hmat = w + l.hmat;
+    dd = w + l.grad_vectors;
+    dbeta = dd + l.fwd.cp;
+    de = dbeta + l.fwd.cp;
+    row = de + l.fwd.cp;
+    ds = w + l.ds;
+    rebuilt = w + l.rebuilt;
+  }
+};
+
+// A = t_inv block of (chunk, h): its n x n block, zeros elsewhere in the first n rows.
+template <class Real>
+void load_t_inv(const detail::MatrixTensor<const std::byte*>& t_inv, std::int64_t chunk,
+                std::int64_t h, std::int64_t n, const ChunkedLayout& l, Real* a) {
+  const Real* base = matrix_at<Real>(t_inv, chunk, h);
+  for (std::int64_t i = 0; i < n; ++i) {
+    Real* row = a + i * l.cp;
+    fill<Real>(row, l.cp, 0);
+    for (std::int64_t j = 0; j < n; ++j) row[j] = base[i * t_inv.row + j * t_inv.col];
+  }
+}
+
+// A of head h's chunk: from the t_inv residual when kept, else by forward substitution on L.
+template <class Real>
+void chunk_t_inv(const detail::BackwardProblem& bp, std::int64_t chunk, std::int64_t h,
+                 std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+  if (bp.t_inv.data != nullptr) {
+    load_t_inv(bp.t_inv, chunk, h, n, l, b.a);
+  } else {
+    solve_tril(n, l, b);
+  }
+}
+
+// The forward step of one head over one chunk without its output: `state` (entering) becomes
+// the state leaving the chunk. Needs the shared q/k buffers and the raw gram of the chunk.
+// Bit-identical to the forward's step: the same stages compute K S, R, V_new and the update.
+template <class Real, class In>
+void rebuild_step(const detail::BackwardProblem& bp, const detail::Sequence& seq,
+                  std::int64_t chunk, std::int64_t h, std::int64_t t0, std::int64_t n, Real* state,
+                  const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+  const detail::ForwardProblem& p = bp.fwd;
+  chunk_pack_v<Real, In>(p, seq, h, t0, n, l, b);
+  chunk_kkt(n, l, b);
+  chunk_t_inv(bp, chunk, h, n, l, b);
+  chunk_wy(n, p.shape.dk, state, l, b, /*with_q=*/false);
+  chunk_state(n, p.shape.dk, state, l, b);
+}
+
+// Recomputes what the backward of head h's chunk needs: U0 (in c.v), R, V_new, X = [Q;K] S,
+// and fills dO (rows 0..n-1 of dodr).
+template <class Real, class In>
+void bwd_recompute(const detail::BackwardProblem& bp, const detail::Sequence& seq,
+                   std::int64_t chunk, std::int64_t h, std::int64_t t0, std::int64_t n,
+                   const Real* state, const ChunkedLayout& l, BackwardBuffers<Real>& w) {
+  const detail::ForwardProblem& p = bp.fwd;
+  ChunkBuffers<Real>& b = w.c;
+  chunk_pack_v<Real, In>(p, seq, h, t0, n, l, b);
+  chunk_kkt(n, l, b);
+  chunk_t_inv(bp, chunk, h, n, l, b);
+  gemm<Real, false>(2 * n, l.dvp, p.shape.dk, b.qk, l.dkp, 1, state, l.dvp, b.x, l.dvp);
+  const Real* ks = b.x + n * l.dvp;
+  for (std::int64_t i = 0; i < n; ++i) {
+    Real* u0 = b.v + i * l.dvp;
+    Real* r = w.r + i * l.dvp;
+    const Real beta_i = b.beta[i], eg_i = b.eG[i];
+    for (std::int64_t j = 0; j < l.dvp; j += kLanes<Real>) {
+      const Vec<Real> u = load(u0 + j) - load(ks + i * l.dvp + j) * eg_i;
+      store(u0 + j, u);
+      store(r + j, u * beta_i);
+    }
+  }
+  gemm<Real, false>(n, l.dvp, n, b.a, l.cp, 1, w.r, l.dvp, b.vnew, l.dvp, 1, kLowerA);
+  for (std::int64_t i = 0; i < n; ++i) {
+    gather_row(w.dodr + i * l.dvp, token_at<In>(bp.d_o, seq, t0 + i, h), bp.d_o.dim, p.shape.dv,
+               l.dvp);
+  }
+}
+
+// The backward of head h over one chunk, given its recomputed buffers: writes dv, dbeta, dg of
+// the chunk's tokens, adds the head's dQ~ and dK into w.dqk, and turns ds (dS') into the
+// cotangent of the state entering the chunk.
+template <class Real, class In>
+void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& seq, std::int64_t h,
+                    std::int64_t t0, std::int64_t n, const Real* state, Real* ds,
+                    const ChunkedLayout& l, BackwardBuffers<Real>& w) {
+  constexpr int W = kLanes<Real>;
+  const detail::ForwardProblem& p = bp.fwd;
+  ChunkBuffers<Real>& b = w.c;
+  const std::int64_t dk = p.shape.dk, dv = p.shape.dv;
+  Real* d_o = w.dodr;
+  Real* dr = w.dodr + n * l.dvp;
+  Real* kds = w.r;  // R is no longer needed once V_new exists
+  const Real* qs = b.x;
+  const Real* ks = b.x + n * l.dvp;
+  const Real* k = b.qk + n * l.dkp;
+
+  // bwd_values.
+  gemm<Real, false>(n, l.dvp, dk, k, l.dkp, 1, ds, l.dvp, kds, l.dvp);                  // K dS'
+  gemm<Real, false>(n, l.dvp, n, b.pl, 1, l.cp, d_o, l.dvp, w.dvn, l.dvp, 1, kUpperA);  // P^T dO
+  for (std::int64_t i = 0; i < n; ++i) {
+    w.dd[i] = dot(kds + i * l.dvp, b.vnew + i * l.dvp, l.dvp);
+    const Real d_i = b.decay_to_end[i];
+    Real* dvn = w.dvn + i * l.dvp;
+    for (std::int64_t j = 0; j < l.dvp; j += W)
+      store(dvn + j, load(dvn + j) + load(kds + i * l.dvp + j) * d_i);
+  }
+  gemm<Real, false>(n, l.dvp, n, b.a, 1, l.cp, w.dvn, l.dvp, dr, l.dvp, 1, kUpperA);  // A^T dV_new
+  transpose_into(b.vnew, n, l.dvp, dv, w.vnt, l.cp, l.cp);
+  gemm<Real, false>(n, l.cp, dv, d_o, l.dvp, 1, w.vnt, l.cp, w.dpl, l.cp, 1, kLowerC);  // dP
+  gemm<Real, false>(n, l.cp, dv, dr, l.dvp, 1, w.vnt, l.cp, w.dpl + n * l.cp, l.cp, 1, kLowerC);
+
+  // bwd_gates. H = dP . P + dB . B (strict lower: the diagonal's d/dG_i and d/dG_j cancel);
+  // dP <- dP . Gamma, dB <- dB . Gamma (dB = beta dL, dL = -dR V_new^T).
+  const Vec<Real> lanes = lane_index<Real>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const Vec<Real> row_i = splat(static_cast<Real>(i));
+    const Real beta_i = b.beta[i];
+    Real* dp = w.dpl + i * l.cp;
+    Real* db = w.dpl + (n + i) * l.cp;
+    Real* hrow = w.hmat + i * l.cp;
+    const Real* prow = b.pl + i * l.cp;
+    const Real* brow = b.bmat + i * l.cp;
+    const Real* grow = b.gamma + i * l.cp;
+    Vec<Real> dbeta_b{};
+    const std::int64_t used = (i / W + 1) * W;
+    for (std::int64_t j = 0; j < used; j += W) {
+      const Vec<Real> col = lanes + static_cast<Real>(j);
+      const Vec<Real> dpv = col <= row_i ? load(dp + j) : Vec<Real>{};
+      const Vec<Real> dl = col < row_i ? -load(db + j) : Vec<Real>{};
+      const Vec<Real> bv = load(brow + j), gv = load(grow + j);
+      const Vec<Real> dbv = dl * beta_i;
+      dbeta_b += dl * bv;
+      store(hrow + j, col < row_i ? dpv * load(prow + j) + dbv * bv : Vec<Real>{});
+      store(dp + j, dpv * gv);
+      store(db + j, dbv * gv);
+    }
+    for (std::int64_t j = used; j < l.cp; j += W) {
+      store(dp + j, Vec<Real>{});
+      store(db + j, Vec<Real>{});
+      store(hrow + j, Vec<Real>{});
+    }
+    w.dbeta[i] = dot(dr + i * l.dvp, b.v + i * l.dvp, l.dvp) + reduce_add<Real>(dbeta_b);
+    w.dd[i] *= b.decay_to_end[i];
+    w.de[i] = b.eG[i] * (dot(d_o + i * l.dvp, qs + i * l.dvp, l.dvp) -
+                         beta_i * dot(dr + i * l.dvp, ks + i * l.dvp, l.dvp));
+    for (std::int64_t j = 0; j < l.dvp; j += W)
+      store(w.dvn + i * l.dvp + j, load(dr + i * l.dvp + j) * beta_i);
+    scatter_row(token_at<In>(bp.dv, seq, t0 + i, h), bp.dv.dim, w.dvn + i * l.dvp, dv);
+    *token_at<In>(bp.dbeta, seq, t0 + i, h) = static_cast<In>(w.dbeta[i]);
+  }
+  // dg_l = sum_{i >= l} de_i e_i  (e_i = e^G_i)
+  //      + dgamma gamma            (gamma = e^G_last, dgamma = <S, dS'>)
+  //      + sum_{j < l} dd_j d_j    (d_j = e^(G_last - G_j) depends on g_(j+1) .. g_last)
+  //      + sum_{i >= l, j < l} H_ij  (Gamma_ij depends on g_(j+1) .. g_i)
+  // each term summed directly: no block is added and subtracted again.
+  Real dgamma = 0;
+  for (std::int64_t r = 0; r < dk; ++r) dgamma += dot(state + r * l.dvp, ds + r * l.dvp, l.dvp);
+  const Real gamma_last = b.eG[n - 1];
+  Real* prefix_dd = w.row;  // prefix_dd[l] = sum_{j < l} dd_j d_j
+  Real running = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    prefix_dd[i] = running;
+    running += w.dd[i];
+  }
+  Real* column_suffix = w.dd;  // dd is consumed: reuse it for sum_{i >= l} H_ij
+  fill<Real>(column_suffix, l.cp, 0);
+  Real suffix_e = 0;
+  for (std::int64_t i = n - 1; i >= 0; --i) {
+    const std::int64_t used = (i / W + 1) * W;
+    Vec<Real> rect{};
+    for (std::int64_t j = 0; j < used; j += W) {
+      const Vec<Real> col = lanes + static_cast<Real>(j);
+      const Vec<Real> sum = load(column_suffix + j) + load(w.hmat + i * l.cp + j);
+      store(column_suffix + j, sum);
+      rect += col < splat(static_cast<Real>(i)) ? sum : Vec<Real>{};
+    }
+    suffix_e += w.de[i];
+    const Real dg = suffix_e + dgamma * gamma_last + prefix_dd[i] + reduce_add<Real>(rect);
+    *token_at<In>(bp.dg, seq, t0 + i, h) = static_cast<In>(dg);
+  }
+
+  // bwd_qk. M = [e dO; -beta e dR] overwrites X (no longer needed).
+  Real* m = b.x;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const Real e = b.eG[i], nbe = -b.beta[i] * b.eG[i];
+    for (std::int64_t j = 0; j < l.dvp; j += W) {
+      store(m + i * l.dvp + j, load(d_o + i * l.dvp + j) * e);
+      store(m + (n + i) * l.dvp + j, load(dr + i * l.dvp + j) * nbe);
+    }
+  }
+  Real* dq = w.dqk;
+  Real* dkk = w.dqk + n * l.dkp;
+  const Real* q = b.qk;
+  const Real* dpg = w.dpl;
+  const Real* dbg = w.dpl + n * l.cp;
+  gemm<Real, true>(n, l.dkp, n, dpg, l.cp, 1, k, l.dkp, dq, l.dkp, 1, kLowerA);   // dP.G K
+  gemm<Real, true>(n, l.dkp, n, dpg, 1, l.cp, q, l.dkp, dkk, l.dkp, 1, kUpperA);  // (dP.G)^T Q~
+  gemm<Real, true>(n, l.dkp, n, dbg, l.cp, 1, k, l.dkp, dkk, l.dkp, 1, kLowerA);  // dB.G K
+  gemm<Real, true>(n, l.dkp, n, dbg, 1, l.cp, k, l.dkp, dkk, l.dkp, 1, kUpperA);  // (dB.G)^T K
+  transpose_into(state, dk, l.dvp, dv, w.st, l.dkp, l.dkp);
+  transpose_into(ds, dk, l.dvp, dv, w.dst, l.dkp, l.dkp);
+  gemm<Real, true>(2 * n, l.dkp, dv, m, l.dvp, 1, w.st, l.dkp, w.dqk, l.dkp);  // M S^T
+  for (std::int64_t i = 0; i < n; ++i) scale_row(b.vnew + i * l.dvp, l.dvp, b.decay_to_end[i]);
+  gemm<Real, true>(n, l.dkp, dv, b.vnew, l.dvp, 1, w.dst, l.dkp, dkk, l.dkp);  // (d V_new) dS'^T
+
+  // bwd_state: dS = e^G_last dS' + [Q~; K]^T M.
+  gemm<Real, true>(dk, l.dvp, 2 * n, b.qk, 1, l.dkp, m, l.dvp, ds, l.dvp, gamma_last);
+}
+
+// dq and dk of the chunk's tokens for key head hk, from the summed dQ~ and dK in w.dqk:
+// dq_hat = scale dQ~, then the L2-norm backward when the norm is on.
+template <class Real, class In>
+void bwd_write_qk(const detail::BackwardProblem& bp, const detail::Sequence& seq, std::int64_t hk,
+                  std::int64_t t0, std::int64_t n, const ChunkedLayout& l,
+                  BackwardBuffers<Real>& w) {
+  const detail::ForwardProblem& p = bp.fwd;
+  const std::int64_t dk = p.shape.dk;
+  for (int part = 0; part < 2; ++part) {
+    const detail::TokenTensor<const std::byte*>& x = part == 0 ? p.q : p.k;
+    const detail::TokenTensor<std::byte*>& out = part == 0 ? bp.dq : bp.dk;
+    const Real scale = part == 0 ? static_cast<Real>(p.scale) : static_cast<Real>(1);
+    for (std::int64_t i = 0; i < n; ++i) {
+      Real* d_hat = w.dqk + (part * n + i) * l.dkp;
+      if (p.l2norm) {
+        Real* raw = w.row;
+        gather_row(raw, token_at<In>(x, seq, t0 + i, hk), x.dim, dk, l.dkp);
+        const Real inv = 1 / sqrt_real(dot(raw, raw, l.dkp) + static_cast<Real>(1e-6));
+        const Real proj = dot(raw, d_hat, l.dkp) * inv * scale;  // x_hat . d_hat (scaled)
+        for (std::int64_t j = 0; j < l.dkp; j += kLanes<Real>) {
+          store(d_hat + j, (load(d_hat + j) * scale - load(raw + j) * (inv * proj)) * inv);
+        }
+      } else {
+        scale_row(d_hat, l.dkp, scale);
+      }
+      scatter_row(token_at<In>(out, seq, t0 + i, hk), out.dim, d_hat, dk);
+    }
+  }
+}
+
+// Value heads [h0, h0 + heads) of sequence s (one key head), `segment` chunks per rebuilt
+// segment (the caller sizes the workspace for it; unused when chunk_states were kept).
+template <class Real>
+void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64_t h0,
+                   std::int64_t heads, std::int64_t segment, std::byte* workspace) {
+  using In = Real;
+  const detail::ForwardProblem& p = bp.fwd;
+  const detail::Sequence& seq = p.seqs[s];
+  const std::int64_t dk = p.shape.dk, dv = p.shape.dv, c = p.chunk_size;
+  const std::int64_t hk = h0 / p.group;
+  const std::int64_t chunks = (seq.length + c - 1) / c;
+  const bool kept_states = bp.chunk_states.data != nullptr;
+  const std::int64_t checkpoints = kept_states ? 0 : (chunks + segment - 1) / segment;
+  const BackwardLayout lb =
+      backward_layout(dk, dv, c, heads, kept_states ? 0 : checkpoints + segment);
+  const ChunkedLayout& l = lb.fwd;
+  BackwardBuffers<Real> w(workspace, lb);
+  ChunkBuffers<Real>& b = w.c;
+  const std::int64_t state_size = dk * l.dvp;
+  // Rebuilt states: checkpoint i (entering chunk i * segment) of head j at slot i, the states
+  // entering the chunks of the current segment at slots checkpoints + 0 .. segment - 1.
+  auto slot = [&](std::int64_t index, std::int64_t j) {
+    return w.rebuilt + (index * heads + j) * state_size;
+  };
+  auto copy_state = [&](const Real* from, Real* to) {
+    for (std::int64_t e = 0; e < state_size; e += kLanes<Real>) store(to + e, load(from + e));
+  };
+  // Advances the states in `from` (one per head) over chunk `index` into `to`.
+  auto advance = [&](std::int64_t index, auto&& from, auto&& to) {
+    const std::int64_t t0 = index * c, n = min64(c, seq.length - t0);
+    chunk_pack_qk<Real, In>(p, seq, hk, t0, n, l, b);
+    chunk_gram(n, dk, l, b);
+    for (std::int64_t j = 0; j < heads; ++j) {
+      if (from(j) != to(j)) copy_state(from(j), to(j));
+      rebuild_step<Real, In>(bp, seq, seq.first_chunk + index, h0 + j, t0, n, to(j), l, b);
+    }
+  };
+
+  for (std::int64_t j = 0; j < heads; ++j) {
+    load_matrix<Real, In>(w.ds + j * state_size, dk, dv, l.dvp, bp.d_final_state, s, h0 + j);
+  }
+  if (!kept_states && chunks > 0) {
+    // The checkpoints: the initial states, then every `segment` chunks.
+    for (std::int64_t j = 0; j < heads; ++j) {
+      load_matrix<Real, In>(slot(0, j), dk, dv, l.dvp, p.initial_state, s, h0 + j);
+    }
+    for (std::int64_t i = 1; i < checkpoints; ++i) {
+      for (std::int64_t index = (i - 1) * segment; index < i * segment; ++index) {
+        auto from = [&](std::int64_t j) {
+          return index == (i - 1) * segment ? slot(i - 1, j) : slot(i, j);
+        };
+        advance(index, from, [&](std::int64_t j) { return slot(i, j); });
+      }
+    }
+  }
+
+  for (std::int64_t index = chunks - 1; index >= 0; --index) {
+    const std::int64_t t0 = index * c, n = min64(c, seq.length - t0);
+    const std::int64_t chunk = seq.first_chunk + index;
+    if (!kept_states && (index == chunks - 1 || index % segment == segment - 1)) {
+      // Rebuild the states entering the chunks of this segment from its checkpoint.
+      const std::int64_t first = index / segment * segment;
+      for (std::int64_t j = 0; j < heads; ++j)
+        copy_state(slot(first / segment, j), slot(checkpoints, j));
+      for (std::int64_t at = first; at < index; ++at) {
+        advance(
+            at, [&](std::int64_t j) { return slot(checkpoints + at - first, j); },
+            [&](std::int64_t j) { return slot(checkpoints + at - first + 1, j); });
+      }
+    }
+    chunk_pack_qk<Real, In>(p, seq, hk, t0, n, l, b);
+    chunk_gram(n, dk, l, b);
+    fill<Real>(w.dqk, 2 * n * l.dkp, 0);
+    for (std::int64_t j = 0; j < heads; ++j) {
+      const std::int64_t h = h0 + j;
+      const Real* state;
+      if (kept_states) {
+        load_matrix<Real, In>(w.state, dk, dv, l.dvp, bp.chunk_states, chunk, h);
+        state = w.state;
+      } else {
+        state = slot(checkpoints + index % segment, j);
+      }
+      bwd_recompute<Real, In>(bp, seq, chunk, h, t0, n, state, l, w);
+      bwd_chunk_head<Real, In>(bp, seq, h, t0, n, state, w.ds + j * state_size, l, w);
+    }
+    bwd_write_qk<Real, In>(bp, seq, hk, t0, n, l, w);
+  }
+  for (std::int64_t j = 0; j < heads; ++j) {
+    store_matrix<In>(bp.d_initial_state, s, h0 + j, w.ds + j * state_size, dk, dv, l.dvp);
+  }
+}

@@ -1,0 +1,58 @@
+// inputs.cc: see inputs.h.
+#include "inputs.h"
+
+#include "npy.h"
+
+namespace gdn::cli {
+
+ForwardOptions forward_options_from(const Args& args) {
+  ForwardOptions options;
+  options.chunk_size = static_cast<int>(args.integer("chunk-size", 64, 1, 256));
+  options.threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
+  options.use_qk_l2norm = args.flag("l2norm");
+  if (auto s = args.number("scale")) options.scale = *s;
+  const std::string isa = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
+  options.isa = isa == "generic"  ? CpuIsa::generic
+                : isa == "avx2"   ? CpuIsa::avx2
+                : isa == "avx512" ? CpuIsa::avx512
+                                  : CpuIsa::automatic;
+  return options;
+}
+
+ForwardTensors load_forward_inputs(const std::filesystem::path& dir) {
+  if (!std::filesystem::is_directory(dir)) {
+    throw UsageError(
+        "option '--in': expected a directory with q.npy, k.npy, v.npy, g.npy, beta.npy, given '" +
+        dir.string() + "'");
+  }
+  ForwardTensors t;
+  t.q = npy::load(dir / "q.npy");
+  t.k = npy::load(dir / "k.npy");
+  t.v = npy::load(dir / "v.npy");
+  t.g = npy::load(dir / "g.npy");
+  t.beta = npy::load(dir / "beta.npy");
+  if (std::filesystem::exists(dir / "cu_seqlens.npy")) {
+    t.cu_seqlens = npy::load(dir / "cu_seqlens.npy");
+    if (t.cu_seqlens.dtype() == DType::i32) {  // widen int32 boundaries exactly
+      Tensor wide(DType::i64, t.cu_seqlens.rank(), t.cu_seqlens.sizes());
+      for (std::int64_t i = 0; i < t.cu_seqlens.numel(); ++i) {
+        wide.data<std::int64_t>()[i] = t.cu_seqlens.data<std::int32_t>()[i];
+      }
+      t.cu_seqlens = std::move(wide);
+    }
+  }
+  if (std::filesystem::exists(dir / "h0.npy")) t.h0 = npy::load(dir / "h0.npy");
+  return t;
+}
+
+std::string file_of_argument(const std::string& argument) {
+  if (argument == "initial_state") return "h0.npy";
+  if (argument == "d_o") return "do.npy";
+  if (argument == "d_final_state") return "dht.npy";
+  for (const char* name : {"q", "k", "v", "g", "beta", "cu_seqlens", "chunk_states", "t_inv"}) {
+    if (argument == name) return argument + ".npy";
+  }
+  return "";
+}
+
+}  // namespace gdn::cli

@@ -1,0 +1,29 @@
+// inputs.h: what the forward and backward commands share: the forward's options from the
+// command line and its input tensors from a directory of .npy files.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "args.h"
+#include "gdn/gdn.h"
+
+namespace gdn::cli {
+
+// --chunk-size, --threads, --l2norm, --scale and --isa.
+ForwardOptions forward_options_from(const Args& args);
+
+// q.npy k.npy v.npy g.npy beta.npy, and cu_seqlens.npy (int32 widened to int64) and h0.npy
+// when present.
+struct ForwardTensors {
+  Tensor q, k, v, g, beta, h0, cu_seqlens;
+  ForwardInputs inputs() const {
+    return {q.view(), k.view(), v.view(), g.view(), beta.view(), h0.view(), cu_seqlens.view()};
+  }
+};
+ForwardTensors load_forward_inputs(const std::filesystem::path& dir);
+
+// The .npy file behind an argument name of the library ("" when none), for error messages.
+std::string file_of_argument(const std::string& argument);
+
+}  // namespace gdn::cli
