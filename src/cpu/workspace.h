@@ -88,6 +88,7 @@ struct BackwardLayout {
   std::int64_t dst;    // dS'^T  [Dv][dkp]
   std::int64_t state;  // S of the chunk, read from chunk_states  [Dk][dvp]
   std::int64_t dqk;    // dQ~ (rows 0..n-1) and dK (rows n..2n-1), summed over heads  [2C][dkp]
+  std::int64_t y;      // one head's [dQ~; dK], starting from M S^T  [2C][dkp]
   std::int64_t grad_vectors;  // dd d, dbeta, de e: 3 x [cp]; a row [max(cp, dkp, dvp)]
   std::int64_t ds;            // each head's dS  [heads][Dk][dvp]
   std::int64_t rebuilt;       // rebuilt states  [slots][heads][Dk][dvp]
@@ -123,6 +124,8 @@ static constexpr BackwardLayout backward_layout(std::int64_t dk, std::int64_t dv
   l.state = at;
   at += dk * dvp;
   l.dqk = at;
+  at += 2 * c * dkp;
+  l.y = at;
   at += 2 * c * dkp;
   const std::int64_t row = cp > dkp ? (cp > dvp ? cp : dvp) : (dkp > dvp ? dkp : dvp);
   l.grad_vectors = at;
