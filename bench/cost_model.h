@@ -25,14 +25,14 @@ inline double chunked_forward_flops_per_chunk(double n, double dk, double dv) {
 
 // The chunked backward over one chunk of n tokens, given the chunk's state and T^-1
 // (docs/math.md section 5.2), per value head:
-//   recompute  [Q;K] K^T 2 n^2 dk, [Q;K] S 4 n dk dv, V_new = A R n(n+1) dv
+//   recompute  [Q;K] K^T 2 n^2 dk, K S 2 n dk dv, V_new = A R n(n+1) dv
 //   values     K dS' 2 n dk dv, P^T dO and A^T dV_new 2 n(n+1) dv, [dO; dR] V_new^T 2 n^2 dv
 //   q, k       four triangular products with K or Q 4 n^2 dk, [e dO; -b e dR] S^T 4 n dk dv,
 //              (d V_new) dS'^T 2 n dk dv
 //   state      [Q;K]^T [e dO; -b e dR] 4 n dk dv
-// = 16 n dk dv + 6 n^2 dk + ~5 n^2 dv (+ O(n d) element-wise work, not counted).
+// = 14 n dk dv + 6 n^2 dk + ~5 n^2 dv (+ O(n d) element-wise work, not counted).
 inline double chunked_backward_flops_per_chunk(double n, double dk, double dv) {
-  return 16 * n * dk * dv + 6 * n * n * dk + 5 * n * n * dv;
+  return 14 * n * dk * dv + 6 * n * n * dk + 5 * n * n * dv;
 }
 
 // Rebuilding one chunk's state without residuals (the t_inv and none policies):

@@ -41,6 +41,18 @@ struct BackwardInputs {
 
   // The forward's inputs, as passed to chunk_gated_delta_rule_fwd.
   ForwardInputs forward() const { return {q, k, v, g, beta, initial_state, cu_seqlens}; }
+  // Backward inputs holding the forward's inputs; set d_o (and the rest) afterwards.
+  static BackwardInputs from(const ForwardInputs& in) {
+    BackwardInputs b;
+    b.q = in.q;
+    b.k = in.k;
+    b.v = in.v;
+    b.g = in.g;
+    b.beta = in.beta;
+    b.initial_state = in.initial_state;
+    b.cu_seqlens = in.cu_seqlens;
+    return b;
+  }
 };
 
 // Outputs (written by the call, caller-owned; same shapes and dtype as the matching input):
