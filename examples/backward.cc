@@ -23,8 +23,8 @@ int main() {
   // rebuild in the backward (same gradients, bit for bit).
   gdn::ForwardResult fwd = gdn::chunk_gated_delta_rule_fwd(in, options, gdn::Residuals::all);
   std::printf("residuals: %lld bytes\n",
-              static_cast<long long>(gdn::residual_bytes(gdn::forward_shape(in, options),
-                                                          gdn::Residuals::all)));
+              static_cast<long long>(
+                  gdn::residual_bytes(gdn::forward_shape(in, options), gdn::Residuals::all)));
 
   gdn::BackwardInputs bin = gdn::BackwardInputs::from(in);
   bin.d_o = gdn::TensorView(d_o.data(), {T, Hv, Dv});

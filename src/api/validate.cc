@@ -199,8 +199,7 @@ using NamedInput = std::pair<const char*, const TensorView*>;
 // each element its own address and must not share an address range with another output or
 // with any input, except the one (output, input) pair `in_place` when it is exactly the same
 // view (an in-place update).
-void check_aliasing(std::initializer_list<NamedOutput> outputs,
-                    std::initializer_list<NamedInput> inputs,
+void check_aliasing(const std::vector<NamedOutput>& outputs, const std::vector<NamedInput>& inputs,
                     std::pair<const MutableTensorView*, const TensorView*> in_place) {
   for (auto it = outputs.begin(); it != outputs.end(); ++it) {
     const auto& [name, view] = *it;
@@ -229,6 +228,17 @@ void check_aliasing(std::initializer_list<NamedOutput> outputs,
       }
     }
   }
+}
+
+// The forward's inputs, by name, for the aliasing checks.
+std::vector<NamedInput> named_inputs(const ForwardInputs& in) {
+  return {{"q", &in.q},
+          {"k", &in.k},
+          {"v", &in.v},
+          {"g", &in.g},
+          {"beta", &in.beta},
+          {"initial_state", &in.initial_state},
+          {"cu_seqlens", &in.cu_seqlens}};
 }
 
 // The input side of a ForwardProblem (everything but its outputs), from validated inputs.
@@ -479,14 +489,7 @@ void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
                   {"final_state", &out.final_state},
                   {"chunk_states", &out.chunk_states},
                   {"t_inv", &out.t_inv}},
-                 {{"q", &in.q},
-                  {"k", &in.k},
-                  {"v", &in.v},
-                  {"g", &in.g},
-                  {"beta", &in.beta},
-                  {"initial_state", &in.initial_state},
-                  {"cu_seqlens", &in.cu_seqlens}},
-                 {&out.final_state, &in.initial_state});
+                 named_inputs(in), {&out.final_state, &in.initial_state});
 
   set_forward_inputs(in, options, result->sequences, &p);
   p.o = token_tensor(out.o, batched, true);
@@ -578,24 +581,18 @@ void validate_backward(const BackwardInputs& in, const BackwardOutputs& out,
     check_extent("d_initial_state", out.d_initial_state);
   }
 
+  std::vector<NamedInput> inputs = named_inputs(fwd);
+  inputs.insert(inputs.end(), {{"d_o", &in.d_o},
+                               {"d_final_state", &in.d_final_state},
+                               {"chunk_states", &in.chunk_states},
+                               {"t_inv", &in.t_inv}});
   check_aliasing({{"dq", &out.dq},
                   {"dk", &out.dk},
                   {"dv", &out.dv},
                   {"dg", &out.dg},
                   {"dbeta", &out.dbeta},
                   {"d_initial_state", &out.d_initial_state}},
-                 {{"q", &in.q},
-                  {"k", &in.k},
-                  {"v", &in.v},
-                  {"g", &in.g},
-                  {"beta", &in.beta},
-                  {"initial_state", &in.initial_state},
-                  {"cu_seqlens", &in.cu_seqlens},
-                  {"d_o", &in.d_o},
-                  {"d_final_state", &in.d_final_state},
-                  {"chunk_states", &in.chunk_states},
-                  {"t_inv", &in.t_inv}},
-                 {nullptr, nullptr});
+                 inputs, {nullptr, nullptr});
 
   set_forward_inputs(fwd, options, result->sequences, &p.fwd);
   p.fwd.algorithm = Algorithm::chunked;

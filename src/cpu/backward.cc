@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu/kernels.h"
+#include "cpu/parallel.h"
 #include "gdn/error.h"
 
 #ifdef _OPENMP
@@ -19,21 +20,6 @@
 
 namespace gdn::cpu {
 namespace {
-
-struct FreeDeleter {
-  void operator()(std::byte* p) const { std::free(p); }
-};
-using Buffer = std::unique_ptr<std::byte[], FreeDeleter>;
-
-Buffer allocate(std::size_t bytes) {
-  bytes = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes);
-  if (p == nullptr) {
-    throw RuntimeError("out of memory allocating a workspace of " + std::to_string(bytes) +
-                       " bytes");
-  }
-  return Buffer(static_cast<std::byte*>(p));
-}
 
 // Without kept chunk states, each item rebuilds its states. All of them when they fit in
 // kRebuildBudget (one forward pass); else checkpoints every `segment` chunks and one segment
@@ -69,24 +55,13 @@ void backward(const detail::BackwardProblem& bp, CpuIsa isa) {
   // fits the same workspace.
   const std::int64_t segment = kept_states ? 0 : rebuild_segment(max_chunks, state_bytes);
 
-  int threads = p.threads > 0 ? p.threads : default_threads();
-  if (threads > items) threads = static_cast<int>(items > 0 ? items : 1);
-  const std::size_t bytes = backward_workspace_bytes(bp, heads, max_chunks, segment);
-  std::vector<Buffer> workspaces;
-  for (int t = 0; t < threads; ++t) workspaces.push_back(allocate(bytes));
-
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-#endif
-  for (std::int64_t item = 0; item < items; ++item) {
-#ifdef _OPENMP
-    std::byte* workspace = workspaces[static_cast<std::size_t>(omp_get_thread_num())].get();
-#else
-    std::byte* workspace = workspaces[0].get();
-#endif
-    const std::int64_t s = item / p.shape.hk, hk = item % p.shape.hk;
-    item_fn(bp, s, hk * heads, heads, segment == 0 ? 1 : segment, workspace);
-  }
+  const int threads = p.threads > 0 ? p.threads : default_threads();
+  const std::int64_t step = segment == 0 ? 1 : segment;
+  for_each_item(threads, items, backward_workspace_bytes(bp, heads, max_chunks, segment),
+                [&](std::int64_t item, std::byte* workspace) {
+                  const std::int64_t s = item / p.shape.hk, hk = item % p.shape.hk;
+                  item_fn(bp, s, hk * heads, heads, step, workspace);
+                });
 }
 
 }  // namespace gdn::cpu

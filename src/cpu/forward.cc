@@ -14,24 +14,11 @@
 #include <vector>
 
 #include "cpu/kernels.h"
+#include "cpu/parallel.h"
 #include "gdn/error.h"
 
 namespace gdn::cpu {
 namespace {
-
-struct FreeDeleter {
-  void operator()(std::byte* p) const { std::free(p); }
-};
-using Buffer = std::unique_ptr<std::byte[], FreeDeleter>;
-
-Buffer allocate(std::size_t bytes) {
-  bytes = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, bytes == 0 ? 64 : bytes);
-  if (p == nullptr)
-    throw RuntimeError("out of memory allocating a workspace of " + std::to_string(bytes) +
-                       " bytes");
-  return Buffer(static_cast<std::byte*>(p));
-}
 
 // Value heads per item: the largest divisor of Hv / Hk (at most kMaxGroup) that still leaves
 // two items per thread. A group shares the packing of q and k, their L2 norm and [Q;K] K^T,
@@ -61,33 +48,20 @@ void forward(const detail::ForwardProblem& p, CpuIsa isa) {
   const ForwardItemFn recurrent = f64 ? table.recurrent_f64 : table.recurrent_f32;
   const bool residuals = p.chunk_states.data != nullptr || p.t_inv.data != nullptr;
 
-  int threads = p.threads > 0 ? p.threads : default_threads();
+  const int threads = p.threads > 0 ? p.threads : default_threads();
   const std::int64_t heads = heads_per_item(p, threads);
   const std::int64_t groups = p.shape.hv / heads;
   const std::int64_t items = p.shape.num_seqs * groups;
-  if (threads > items) threads = static_cast<int>(items > 0 ? items : 1);
 
-  // Allocate before the parallel region: an exception cannot leave an OpenMP region.
-  const std::size_t bytes = forward_workspace_bytes(p, heads);
-  std::vector<Buffer> workspaces;
-  for (int t = 0; t < threads; ++t) workspaces.push_back(allocate(bytes));
-
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-#endif
-  for (std::int64_t item = 0; item < items; ++item) {
-#ifdef _OPENMP
-    std::byte* workspace = workspaces[static_cast<std::size_t>(omp_get_thread_num())].get();
-#else
-    std::byte* workspace = workspaces[0].get();
-#endif
-    const std::int64_t s = item / groups, h = item % groups * heads;
-    const std::int64_t length = p.seqs[s].length;
-    const bool use_recurrent =
-        p.algorithm == Algorithm::recurrent ||
-        (p.algorithm == Algorithm::automatic && !residuals && length < p.chunk_size);
-    (use_recurrent ? recurrent : chunked)(p, s, h, heads, workspace);
-  }
+  for_each_item(threads, items, forward_workspace_bytes(p, heads),
+                [&](std::int64_t item, std::byte* workspace) {
+                  const std::int64_t s = item / groups, h = item % groups * heads;
+                  const std::int64_t length = p.seqs[s].length;
+                  const bool use_recurrent =
+                      p.algorithm == Algorithm::recurrent ||
+                      (p.algorithm == Algorithm::automatic && !residuals && length < p.chunk_size);
+                  (use_recurrent ? recurrent : chunked)(p, s, h, heads, workspace);
+                });
 }
 
 }  // namespace gdn::cpu

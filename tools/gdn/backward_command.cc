@@ -49,19 +49,13 @@ examples:
 
 namespace {
 
-const std::vector<OptionSpec> kOptions = {
-    {"in", "DIR", "directory holding the input .npy files (required)"},
-    {"out", "DIR", "directory for the gradient .npy files (required)"},
-    {"policy", "P", "auto, all, t_inv or none: which forward residuals to use or keep"},
-    {"chunk-size", "C", "tokens per chunk, 1 to 256 (default 64); must match the residuals"},
-    {"threads", "N", "worker threads, 0 = all cores (default 0); results do not depend on it"},
-    {"l2norm", nullptr, "the forward L2-normalised q and k inside the kernel"},
-    {"scale", "S", "the forward's multiplier of q (default Dk^-1/2)"},
-    {"reference", nullptr, "run the float64 reference instead of the CPU kernels"},
-    {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
-    {"quiet", nullptr, "print nothing on success"},
-    {"help", nullptr, "show this help"},
-};
+const std::vector<OptionSpec> kOptions = with_forward_options(
+    {{"in", "DIR", "directory holding the input .npy files (required)"},
+     {"out", "DIR", "directory for the gradient .npy files (required)"},
+     {"policy", "P", "auto, all, t_inv or none: which forward residuals to use or keep"}},
+    {{"reference", nullptr, "run the float64 reference instead of the CPU kernels"},
+     {"quiet", nullptr, "print nothing on success"},
+     {"help", nullptr, "show this help"}});
 
 }  // namespace
 

@@ -42,20 +42,14 @@ examples:
 
 namespace {
 
-const std::vector<OptionSpec> kOptions = {
-    {"in", "DIR", "directory holding the input .npy files (required)"},
-    {"out", "DIR", "directory for the output .npy files (required)"},
-    {"chunk-size", "C", "tokens per chunk, 1 to 256 (default 64)"},
-    {"threads", "N", "worker threads, 0 = all cores (default 0); results do not depend on it"},
-    {"l2norm", nullptr, "L2-normalise q and k inside the kernel"},
-    {"scale", "S", "multiplier of q (default Dk^-1/2)"},
-    {"residuals", nullptr, "also write chunk_states.npy and t_inv.npy (for the backward pass)"},
-    {"reference", nullptr, "run the float64 reference instead of the CPU kernels"},
-    {"algorithm", "A", "auto, chunked or recurrent (default auto; not with --reference)"},
-    {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
-    {"quiet", nullptr, "print nothing on success"},
-    {"help", nullptr, "show this help"},
-};
+const std::vector<OptionSpec> kOptions = with_forward_options(
+    {{"in", "DIR", "directory holding the input .npy files (required)"},
+     {"out", "DIR", "directory for the output .npy files (required)"}},
+    {{"residuals", nullptr, "also write chunk_states.npy and t_inv.npy (for the backward pass)"},
+     {"reference", nullptr, "run the float64 reference instead of the CPU kernels"},
+     {"algorithm", "A", "auto, chunked or recurrent (default auto; not with --reference)"},
+     {"quiet", nullptr, "print nothing on success"},
+     {"help", nullptr, "show this help"}});
 
 }  // namespace
 

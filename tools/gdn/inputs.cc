@@ -5,6 +5,20 @@
 
 namespace gdn::cli {
 
+std::vector<OptionSpec> with_forward_options(std::vector<OptionSpec> first,
+                                             const std::vector<OptionSpec>& last) {
+  const std::vector<OptionSpec> shared = {
+      {"chunk-size", "C", "tokens per chunk, 1 to 256 (default 64)"},
+      {"threads", "N", "worker threads, 0 = all cores (default 0); results do not depend on it"},
+      {"l2norm", nullptr, "L2-normalise q and k inside the kernel"},
+      {"scale", "S", "multiplier of q (default Dk^-1/2)"},
+      {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+  };
+  first.insert(first.end(), shared.begin(), shared.end());
+  first.insert(first.end(), last.begin(), last.end());
+  return first;
+}
+
 ForwardOptions forward_options_from(const Args& args) {
   ForwardOptions options;
   options.chunk_size = static_cast<int>(args.integer("chunk-size", 64, 1, 256));

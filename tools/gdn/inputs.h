@@ -4,13 +4,19 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "args.h"
 #include "gdn/gdn.h"
 
 namespace gdn::cli {
 
-// --chunk-size, --threads, --l2norm, --scale and --isa.
+// The options every command that runs the op takes: --chunk-size, --threads, --l2norm,
+// --scale and --isa, between the command's own `first` and `last` options.
+std::vector<OptionSpec> with_forward_options(std::vector<OptionSpec> first,
+                                             const std::vector<OptionSpec>& last);
+
+// ForwardOptions from those options.
 ForwardOptions forward_options_from(const Args& args);
 
 // q.npy k.npy v.npy g.npy beta.npy, and cu_seqlens.npy (int32 widened to int64) and h0.npy
