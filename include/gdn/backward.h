@@ -8,14 +8,19 @@
 // precision; what it needs of the forward comes from the residuals the caller kept (the remat
 // policy) or is rebuilt:
 //
-//   residuals given          the backward                                   extra memory
-//   chunk_states + t_inv     repeats no state recurrence and no inversion   none
-//   t_inv only               rebuilds the chunk states with one sequential  O(sqrt(chunks)) states
-//                            pass that reuses T^-1                          per thread
-//   none                     rebuilds both                                  O(sqrt(chunks)) states
-//                                                                           per thread
-// In every case the chunk-local products with S (K S, Q S, V_new = A R) are recomputed, as in
-// every public GDN backward. All policies give bit-identical gradients, for any thread count.
+//   residuals given          the backward
+//   chunk_states + t_inv     repeats no state recurrence and no inversion
+//   t_inv only               rebuilds the chunk states, reusing T^-1
+//   none                     rebuilds the chunk states and T^-1
+// A rebuild keeps, per thread, the states of its work item (a sequence and one key head's
+// value heads): all of them when they fit in 32 MiB (one extra pass over the chunks), else a
+// checkpoint every ceil(sqrt(chunks)) chunks plus one segment (two extra passes).
+// In every case the chunk-local products with S (K S and V_new = A R) are recomputed, as in
+// every public GDN backward. With residuals from chunk_gated_delta_rule_fwd's chunked
+// algorithm (what Residuals::all gives by default) on the same ISA variant, all policies give
+// bit-identical gradients, for any thread count. Residuals from the token recurrence
+// (Algorithm::recurrent) or from the float64 reference are accepted too; they differ from
+// the chunked forward's in the last bits, and so do the gradients.
 // docs/math.md section 5 derives every formula.
 #pragma once
 

@@ -23,7 +23,8 @@ using ForwardItemFn = void (*)(const detail::ForwardProblem& problem, std::int64
 
 // One backward work item: sequence `seq`, all value heads [head, head + heads) of one key
 // head, rebuilding chunk states in segments of `segment` chunks when none were kept; the
-// workspace holds backward_workspace_bytes(problem, heads, segment) bytes.
+// workspace holds backward_workspace_bytes(problem, heads, chunks, segment) bytes with chunks
+// at least the sequence's.
 using BackwardItemFn = void (*)(const detail::BackwardProblem& problem, std::int64_t seq,
                                 std::int64_t head, std::int64_t heads, std::int64_t segment,
                                 std::byte* workspace);

@@ -36,9 +36,11 @@ token recurrence) and are float64; residuals are not used.
 
 options:
 %s
---policy: auto (default) uses the residual files present, else keeps both; all keeps (or
-uses) chunk_states and t_inv; t_inv keeps only t_inv (the backward rebuilds the chunk states
-in one pass); none keeps nothing (the backward rebuilds both). All give the same gradients.
+--policy: auto (default) uses the residual files present, else keeps both; all uses
+chunk_states.npy and t_inv.npy (whichever are present) or keeps both; t_inv uses or keeps only
+t_inv (the backward rebuilds the chunk states); none uses and keeps nothing (the backward
+rebuilds both). All give the same gradients when the residual files come from
+`gdn forward --residuals` (the chunked CPU forward).
 
 examples:
   gdn forward --in dump/ --out dump/ --l2norm --residuals
