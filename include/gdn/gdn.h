@@ -4,6 +4,7 @@
 #include "gdn/backward.h"   // IWYU pragma: export
 #include "gdn/error.h"      // IWYU pragma: export
 #include "gdn/forward.h"    // IWYU pragma: export
+#include "gdn/layer.h"      // IWYU pragma: export
 #include "gdn/reference.h"  // IWYU pragma: export
 #include "gdn/runtime.h"    // IWYU pragma: export
 #include "gdn/tensor.h"     // IWYU pragma: export

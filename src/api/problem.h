@@ -71,4 +71,32 @@ struct BackwardProblem {
   MatrixTensor<std::byte*> d_initial_state;
 };
 
+// The causal depthwise conv1d + SiLU of the fused layer op, over channels [0, channels) of
+// packed sequences. x (qkv) and dx (d_qkv) are the caller's views (token and channel strides);
+// everything else is a contiguous buffer of the compute type that src/cpu/layer.cc prepares:
+// weight and its gradient transposed to [taps][cpad], bias [cpad] (zeros when absent), the
+// conv states [N][taps - 1][channels], xh and dxh [tokens][channels].
+struct ConvProblem {
+  std::int64_t tokens = 0, channels = 0, taps = 0, cpad = 0;
+  std::int64_t num_seqs = 0;
+  const Sequence* seqs = nullptr;
+  DType dtype = DType::f32;  // of x, dx and every buffer
+
+  const std::byte* x = nullptr;
+  std::int64_t x_token = 0, x_channel = 0;
+  const std::byte* weight = nullptr;    // [taps][cpad]
+  const std::byte* bias = nullptr;      // [cpad]
+  const std::byte* state_in = nullptr;  // [N][taps - 1][channels], null: zeros
+
+  std::byte* xh = nullptr;  // forward output [tokens][channels]
+
+  const std::byte* dxh = nullptr;          // backward: cotangent of xh [tokens][channels]
+  const std::byte* d_state_out = nullptr;  // [N][taps - 1][channels], null: zero
+  std::byte* dx = nullptr;                 // [tokens][channels] view: token and channel strides
+  std::int64_t dx_token = 0, dx_channel = 0;
+  std::byte* dweight = nullptr;     // [taps][cpad]
+  std::byte* dbias = nullptr;       // [cpad]
+  std::byte* d_state_in = nullptr;  // [N][taps - 1][channels], null: not wanted
+};
+
 }  // namespace gdn::detail

@@ -122,6 +122,78 @@ Span span_of(const View& view) {
           base + static_cast<std::uintptr_t>((hi + 1) * elem)};
 }
 
+// A view as a sorted list of disjoint byte intervals: its innermost contiguous run of
+// elements, repeated over the other dimensions. Only for views whose strides are all
+// positive and nested (each steps over what the smaller ones span), where the intervals come
+// out in increasing address order; false otherwise, or when there would be more than
+// `limit` intervals.
+template <class View>
+bool byte_intervals(const View& view, std::int64_t limit,
+                    std::vector<std::pair<std::uintptr_t, std::uintptr_t>>* out) {
+  struct Dim {
+    std::int64_t size, stride;
+  };
+  Dim dims[kMaxRank];
+  int n = 0;
+  for (int i = 0; i < view.rank; ++i) {
+    if (view.sizes[i] == 0) return true;
+    if (view.sizes[i] > 1) {
+      if (view.strides[i] <= 0) return false;
+      dims[n++] = {view.sizes[i], view.strides[i]};
+    }
+  }
+  for (int i = 1; i < n; ++i) {
+    for (int j = i; j > 0 && dims[j].stride < dims[j - 1].stride; --j)
+      std::swap(dims[j], dims[j - 1]);
+  }
+  // The contiguous run: dimensions that continue the one below without a gap.
+  std::int64_t run = 1;  // elements
+  int first_outer = 0;
+  while (first_outer < n && dims[first_outer].stride == run) run *= dims[first_outer++].size;
+  std::int64_t spanned = run - 1, count = 1;
+  for (int i = first_outer; i < n; ++i) {
+    if (dims[i].stride <= spanned) return false;  // not nested
+    spanned += (dims[i].size - 1) * dims[i].stride;
+    count *= dims[i].size;
+    if (count > limit) return false;
+  }
+  const auto elem = static_cast<std::int64_t>(dtype_size(view.dtype));
+  const auto base = reinterpret_cast<std::uintptr_t>(view.data);
+  std::int64_t index[kMaxRank] = {};
+  for (std::int64_t c = 0; c < count; ++c) {
+    std::int64_t offset = 0;
+    for (int i = first_outer; i < n; ++i) offset += index[i] * dims[i].stride;
+    out->emplace_back(base + static_cast<std::uintptr_t>(offset * elem),
+                      base + static_cast<std::uintptr_t>((offset + run) * elem));
+    for (int i = first_outer; i < n; ++i) {  // the odometer, smallest stride fastest
+      if (++index[i] < dims[i].size) break;
+      index[i] = 0;
+    }
+  }
+  return true;
+}
+
+// True when two views share a byte: exactly, by sweeping their interval lists, when both are
+// positive and nested with a reasonable number of intervals (e.g. the q, k and v parts of one
+// fused buffer, interleaved row by row); by address range otherwise (conservative).
+template <class A, class B>
+bool views_overlap(const A& a, const B& b) {
+  if (!span_of(a).overlaps(span_of(b))) return false;
+  constexpr std::int64_t kLimit = std::int64_t{1} << 22;
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ia, ib;
+  if (!byte_intervals(a, kLimit, &ia) || !byte_intervals(b, kLimit, &ib)) return true;
+  std::size_t i = 0, j = 0;
+  while (i < ia.size() && j < ib.size()) {
+    if (ia[i].first < ib[j].second && ib[j].first < ia[i].second) return true;
+    if (ia[i].second <= ib[j].second) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  return false;
+}
+
 // True when no two elements of the view share an address: sorted by |stride|, every stride
 // must step over everything the smaller dimensions span.
 template <class View>
@@ -196,11 +268,13 @@ using NamedOutput = std::pair<const char*, const MutableTensorView*>;
 using NamedInput = std::pair<const char*, const TensorView*>;
 
 // Outputs are written while inputs are still being read: every present output must give
-// each element its own address and must not share an address range with another output or
-// with any input, except the one (output, input) pair `in_place` when it is exactly the same
-// view (an in-place update).
+// each element its own address and must not share a byte with another output or with any
+// input (views_overlap), except the (output, input) pairs of `in_place` when the output is
+// exactly the input's view (an in-place update).
+using InPlace = std::pair<const MutableTensorView*, const TensorView*>;
+
 void check_aliasing(const std::vector<NamedOutput>& outputs, const std::vector<NamedInput>& inputs,
-                    std::pair<const MutableTensorView*, const TensorView*> in_place) {
+                    const std::vector<InPlace>& in_place) {
   for (auto it = outputs.begin(); it != outputs.end(); ++it) {
     const auto& [name, view] = *it;
     if (!view->present()) continue;
@@ -208,16 +282,17 @@ void check_aliasing(const std::vector<NamedOutput>& outputs, const std::vector<N
       fail(name, "strides that give every element its own address",
            "sizes " + shape_of(*view) + " with strides " + shape_string(view->rank, view->strides));
     }
-    const Span span = span_of(*view);
     for (auto other = it + 1; other != outputs.end(); ++other) {
-      if (other->second->present() && span.overlaps(span_of(*other->second))) {
+      if (other->second->present() && views_overlap(*view, *other->second)) {
         fail(name, std::string("memory that does not overlap '") + other->first + "'",
              "overlapping address ranges");
       }
     }
     for (const auto& [input_name, input] : inputs) {
-      if (!input->present() || !span.overlaps(span_of(*input))) continue;
-      const bool allowed_pair = view == in_place.first && input == in_place.second;
+      if (!input->present() || !views_overlap(*view, *input)) continue;
+      bool allowed_pair = false;
+      for (const InPlace& pair : in_place)
+        allowed_pair |= view == pair.first && input == pair.second;
       if (!(allowed_pair && same_view(*input, *view))) {
         fail(name,
              std::string("memory that does not overlap the input '") + input_name + "'" +
@@ -227,6 +302,41 @@ void check_aliasing(const std::vector<NamedOutput>& outputs, const std::vector<N
              "overlapping address ranges");
       }
     }
+  }
+}
+
+// The sequences cu_seqlens defines over `tokens` tokens, with their first chunk indices.
+void packed_sequences(const TensorView& cu, std::int64_t tokens, std::int64_t chunk,
+                      const char* tokens_of, std::vector<Sequence>* seqs) {
+  auto chunks_of = [chunk](std::int64_t len) { return (len + chunk - 1) / chunk; };
+  if (cu.rank != 1 || cu.sizes[0] < 2) {
+    fail("cu_seqlens", "rank 1 [N + 1] with N >= 1 sequences", shape_of(cu));
+  }
+  check_extent("cu_seqlens", cu);
+  expect_dtype("cu_seqlens", cu, DType::i64, "");
+  const auto* values = static_cast<const std::int64_t*>(cu.data);
+  const std::int64_t stride = cu.strides[0];
+  const std::int64_t n = cu.sizes[0] - 1;
+  if (values[0] != 0) fail("cu_seqlens", "cu_seqlens[0] = 0", std::to_string(values[0]));
+  std::int64_t first_chunk = 0;
+  for (std::int64_t s = 0; s < n; ++s) {
+    const std::int64_t lo = values[s * stride], hi = values[(s + 1) * stride];
+    if (hi < lo) {
+      fail("cu_seqlens", "non-decreasing values",
+           "cu_seqlens[" + std::to_string(s + 1) + "] = " + std::to_string(hi) + " < cu_seqlens[" +
+               std::to_string(s) + "] = " + std::to_string(lo));
+    }
+    if (hi > tokens) {
+      fail("cu_seqlens", "values <= T = " + std::to_string(tokens) + " (" + tokens_of + ")",
+           "cu_seqlens[" + std::to_string(s + 1) + "] = " + std::to_string(hi));
+    }
+    seqs->push_back({0, lo, hi - lo, first_chunk});
+    first_chunk += chunks_of(hi - lo);
+  }
+  const std::int64_t last = values[n * stride];
+  if (last != tokens) {
+    fail("cu_seqlens", "cu_seqlens[N] = T = " + std::to_string(tokens) + " (" + tokens_of + ")",
+         "cu_seqlens[" + std::to_string(n) + "] = " + std::to_string(last));
   }
 }
 
@@ -363,35 +473,7 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
   } else if (!cu.present()) {
     seqs.push_back({0, 0, shape.tokens, 0});
   } else {
-    if (cu.rank != 1 || cu.sizes[0] < 2) {
-      fail("cu_seqlens", "rank 1 [N + 1] with N >= 1 sequences", shape_of(cu));
-    }
-    check_extent("cu_seqlens", cu);
-    expect_dtype("cu_seqlens", cu, DType::i64, "");
-    const auto* values = static_cast<const std::int64_t*>(cu.data);
-    const std::int64_t stride = cu.strides[0];
-    const std::int64_t n = cu.sizes[0] - 1;
-    if (values[0] != 0) fail("cu_seqlens", "cu_seqlens[0] = 0", std::to_string(values[0]));
-    std::int64_t first_chunk = 0;
-    for (std::int64_t s = 0; s < n; ++s) {
-      const std::int64_t lo = values[s * stride], hi = values[(s + 1) * stride];
-      if (hi < lo) {
-        fail("cu_seqlens", "non-decreasing values",
-             "cu_seqlens[" + std::to_string(s + 1) + "] = " + std::to_string(hi) +
-                 " < cu_seqlens[" + std::to_string(s) + "] = " + std::to_string(lo));
-      }
-      if (hi > shape.tokens) {
-        fail("cu_seqlens", "values <= T = " + std::to_string(shape.tokens) + " (tokens of q)",
-             "cu_seqlens[" + std::to_string(s + 1) + "] = " + std::to_string(hi));
-      }
-      seqs.push_back({0, lo, hi - lo, first_chunk});
-      first_chunk += chunks_of(hi - lo);
-    }
-    const std::int64_t last = values[n * stride];
-    if (last != shape.tokens) {
-      fail("cu_seqlens", "cu_seqlens[N] = T = " + std::to_string(shape.tokens) + " (tokens of q)",
-           "cu_seqlens[" + std::to_string(n) + "] = " + std::to_string(last));
-    }
+    packed_sequences(cu, shape.tokens, chunk, "tokens of q", &seqs);
   }
   shape.num_seqs = static_cast<std::int64_t>(seqs.size());
   shape.chunk_size = chunk;
@@ -489,7 +571,7 @@ void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
                   {"final_state", &out.final_state},
                   {"chunk_states", &out.chunk_states},
                   {"t_inv", &out.t_inv}},
-                 named_inputs(in), {&out.final_state, &in.initial_state});
+                 named_inputs(in), {{&out.final_state, &in.initial_state}});
 
   set_forward_inputs(in, options, result->sequences, &p);
   p.o = token_tensor(out.o, batched, true);
@@ -592,7 +674,7 @@ void validate_backward(const BackwardInputs& in, const BackwardOutputs& out,
                   {"dg", &out.dg},
                   {"dbeta", &out.dbeta},
                   {"d_initial_state", &out.d_initial_state}},
-                 inputs, {nullptr, nullptr});
+                 inputs, {});
 
   set_forward_inputs(fwd, options, result->sequences, &p.fwd);
   p.fwd.algorithm = Algorithm::chunked;
@@ -606,6 +688,265 @@ void validate_backward(const BackwardInputs& in, const BackwardOutputs& out,
   p.dg = token_tensor(out.dg, batched, false);
   p.dbeta = token_tensor(out.dbeta, batched, false);
   p.d_initial_state = matrix_tensor(out.d_initial_state);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fused layer op.
+// ---------------------------------------------------------------------------------------------
+
+void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
+                           ValidatedLayer* result) {
+  ValidatedLayer& r = *result;
+  r.sequences.clear();
+  for (const auto& [name, value] : {std::pair<const char*, std::int64_t>{"options.hk", options.hk},
+                                    {"options.hv", options.hv},
+                                    {"options.dk", options.dk},
+                                    {"options.dv", options.dv}}) {
+    if (value < 1) fail(name, ">= 1 (the head layout is required)", std::to_string(value));
+  }
+  if (options.hv % options.hk != 0) {
+    fail("options.hv", "a multiple of options.hk = " + std::to_string(options.hk),
+         std::to_string(options.hv));
+  }
+  if (options.dk > kMaxHeadDim) fail("options.dk", "<= 256", std::to_string(options.dk));
+  if (options.dv > kMaxHeadDim) fail("options.dv", "<= 256", std::to_string(options.dv));
+  if (options.chunk_size < 1 || options.chunk_size > kMaxChunkSize) {
+    fail("options.chunk_size", "an integer in [1, 256]", std::to_string(options.chunk_size));
+  }
+  if (options.threads < 0 || options.threads > kMaxThreads) {
+    fail("options.threads", "0 (all cores) to " + std::to_string(kMaxThreads),
+         std::to_string(options.threads));
+  }
+  if (options.isa != CpuIsa::automatic && options.isa != CpuIsa::generic &&
+      options.isa != CpuIsa::avx2 && options.isa != CpuIsa::avx512) {
+    fail("options.isa", "automatic, generic, avx2 or avx512",
+         std::to_string(static_cast<int>(options.isa)));
+  }
+  for (const auto& [name, view] : {std::pair<const char*, const TensorView*>{"qkv", &in.qkv},
+                                   {"a", &in.a},
+                                   {"b", &in.b},
+                                   {"conv_weight", &in.conv_weight},
+                                   {"conv_bias", &in.conv_bias},
+                                   {"A_log", &in.A_log},
+                                   {"dt_bias", &in.dt_bias},
+                                   {"conv_state", &in.conv_state},
+                                   {"recurrent_state", &in.recurrent_state},
+                                   {"cu_seqlens", &in.cu_seqlens}}) {
+    check_rank(name, *view);
+  }
+  const std::int64_t hk = options.hk, hv = options.hv, dk = options.dk, dv = options.dv;
+  const std::int64_t d = 2 * hk * dk + hv * dv;
+  const std::string layout = "Hk = " + std::to_string(hk) + ", Hv = " + std::to_string(hv) +
+                             ", Dk = " + std::to_string(dk) + ", Dv = " + std::to_string(dv);
+  const TensorView& qkv = in.qkv;
+  if (qkv.rank != 2)
+    fail("qkv", "rank 2 [T, D]", "rank " + std::to_string(qkv.rank) + " " + shape_of(qkv));
+  check_extent("qkv", qkv);
+  if (qkv.dtype != DType::f32 && qkv.dtype != DType::f64) {
+    fail("qkv", "dtype f32 or f64", dtype_name(qkv.dtype));
+  }
+  if (qkv.sizes[1] != d) {
+    fail("qkv", "[T, D] with D = 2 Hk Dk + Hv Dv = " + std::to_string(d) + " (" + layout + ")",
+         shape_of(qkv));
+  }
+  r.tokens = qkv.sizes[0];
+  r.channels = d;
+  r.dtype = qkv.dtype;
+  const std::string same_dtype = " (the dtype of qkv)";
+  for (const auto& [name, view] :
+       {std::pair<const char*, const TensorView*>{"a", &in.a}, {"b", &in.b}}) {
+    expect_shape(name, *view, 2, {r.tokens, hv, 0, 0}, "[T, Hv]");
+    check_extent(name, *view);
+    expect_dtype(name, *view, r.dtype, same_dtype);
+  }
+  const TensorView& w = in.conv_weight;
+  if (!(w.rank == 2 || (w.rank == 3 && w.sizes[1] == 1)) || w.sizes[0] != d) {
+    fail("conv_weight", "[D, K] or [D, 1, K] with D = " + std::to_string(d), shape_of(w));
+  }
+  r.taps = w.sizes[w.rank - 1];
+  if (r.taps < 1 || r.taps > 8)
+    fail("conv_weight", "K from 1 to 8", "K = " + std::to_string(r.taps));
+  check_extent("conv_weight", w);
+  expect_dtype("conv_weight", w, r.dtype, same_dtype);
+  if (in.conv_bias.present()) {
+    expect_shape("conv_bias", in.conv_bias, 1, {d, 0, 0, 0}, "[D]");
+    check_extent("conv_bias", in.conv_bias);
+    expect_dtype("conv_bias", in.conv_bias, r.dtype, same_dtype);
+  }
+  for (const auto& [name, view] :
+       {std::pair<const char*, const TensorView*>{"A_log", &in.A_log}, {"dt_bias", &in.dt_bias}}) {
+    expect_shape(name, *view, 1, {hv, 0, 0, 0}, "[Hv]");
+    check_extent(name, *view);
+    expect_dtype(name, *view, r.dtype, same_dtype);
+  }
+  if (in.cu_seqlens.present()) {
+    packed_sequences(in.cu_seqlens, r.tokens, options.chunk_size, "tokens of qkv", &r.sequences);
+  } else {
+    r.sequences.push_back({0, 0, r.tokens, 0});
+  }
+  const std::int64_t n = static_cast<std::int64_t>(r.sequences.size());
+  const std::int64_t chunk = options.chunk_size;
+  ForwardShape& core = r.core;
+  core = ForwardShape{};
+  core.tokens = r.tokens;
+  core.num_seqs = n;
+  core.hk = hk;
+  core.hv = hv;
+  core.dk = dk;
+  core.dv = dv;
+  core.chunk_size = chunk;
+  core.total_chunks =
+      r.sequences.back().first_chunk + (r.sequences.back().length + chunk - 1) / chunk;
+  core.dtype = r.dtype;
+  core.compute_dtype = r.dtype;
+  if (in.conv_state.present()) {
+    expect_shape("conv_state", in.conv_state, 3, {n, r.taps - 1, d, 0}, "[N, K - 1, D]");
+    check_extent("conv_state", in.conv_state);
+    expect_dtype("conv_state", in.conv_state, r.dtype, same_dtype);
+  }
+  if (in.recurrent_state.present()) {
+    expect_shape("recurrent_state", in.recurrent_state, 4, core.state_sizes(), "[N, Hv, Dk, Dv]");
+    check_extent("recurrent_state", in.recurrent_state);
+    expect_dtype("recurrent_state", in.recurrent_state, r.dtype, same_dtype);
+  }
+}
+
+namespace {
+
+std::vector<NamedInput> named_layer_inputs(const LayerInputs& in) {
+  return {{"qkv", &in.qkv},
+          {"a", &in.a},
+          {"b", &in.b},
+          {"conv_weight", &in.conv_weight},
+          {"conv_bias", &in.conv_bias},
+          {"A_log", &in.A_log},
+          {"dt_bias", &in.dt_bias},
+          {"conv_state", &in.conv_state},
+          {"recurrent_state", &in.recurrent_state},
+          {"cu_seqlens", &in.cu_seqlens}};
+}
+
+template <class View>
+void expect_output(const char* name, const View& view, int rank, const Dims& sizes,
+                   const std::string& what, DType dtype, const std::string& why, bool required) {
+  if (!view.present()) {
+    if (required) fail(name, "an output view " + shape_string(rank, sizes), "absent");
+    return;
+  }
+  expect_shape(name, view, rank, sizes, what);
+  expect_dtype(name, view, dtype, why);
+  check_extent(name, view);
+}
+
+}  // namespace
+
+void validate_layer_forward(const LayerInputs& in, const LayerOutputs& out,
+                            const LayerOptions& options, OutputPrecision precision,
+                            ValidatedLayer* result) {
+  validate_layer_inputs(in, options, result);
+  const ValidatedLayer& r = *result;
+  for (const auto& [name, view] :
+       {std::pair<const char*, const MutableTensorView*>{"out", &out.out},
+        {"conv_state_out", &out.conv_state_out},
+        {"recurrent_state_out", &out.recurrent_state_out},
+        {"chunk_states", &out.chunk_states},
+        {"t_inv", &out.t_inv}}) {
+    check_rank(name, *view);
+  }
+  const bool f64 = precision == OutputPrecision::float64;
+  const DType out_dtype = f64 ? DType::f64 : r.dtype;
+  const std::string why = f64 ? " (reference outputs are float64)" : " (the dtype of qkv)";
+  const std::int64_t n = r.core.num_seqs;
+  expect_output("out", out.out, 2, {r.tokens, options.hv * options.dv, 0, 0}, "[T, Hv Dv]",
+                out_dtype, why, true);
+  expect_output("conv_state_out", out.conv_state_out, 3, {n, r.taps - 1, r.channels, 0},
+                "[N, K - 1, D]", out_dtype, why, false);
+  expect_output("recurrent_state_out", out.recurrent_state_out, 4, r.core.state_sizes(),
+                "[N, Hv, Dk, Dv]", out_dtype, why, false);
+  expect_output("chunk_states", out.chunk_states, 4, r.core.chunk_states_sizes(),
+                "[total_chunks, Hv, Dk, Dv]", out_dtype, why, false);
+  expect_output("t_inv", out.t_inv, 4, r.core.t_inv_sizes(), "[total_chunks, Hv, C, C]", out_dtype,
+                why, false);
+  check_aliasing(
+      {{"out", &out.out},
+       {"conv_state_out", &out.conv_state_out},
+       {"recurrent_state_out", &out.recurrent_state_out},
+       {"chunk_states", &out.chunk_states},
+       {"t_inv", &out.t_inv}},
+      named_layer_inputs(in),
+      {{&out.recurrent_state_out, &in.recurrent_state}, {&out.conv_state_out, &in.conv_state}});
+}
+
+void validate_layer_backward(const LayerBackwardInputs& in, const LayerBackwardOutputs& out,
+                             const LayerOptions& options, OutputPrecision precision,
+                             ValidatedLayer* result) {
+  validate_layer_inputs(in.forward, options, result);
+  const ValidatedLayer& r = *result;
+  for (const auto& [name, view] : {std::pair<const char*, const TensorView*>{"d_out", &in.d_out},
+                                   {"d_conv_state_out", &in.d_conv_state_out},
+                                   {"d_recurrent_state_out", &in.d_recurrent_state_out},
+                                   {"chunk_states", &in.chunk_states},
+                                   {"t_inv", &in.t_inv}}) {
+    check_rank(name, *view);
+  }
+  for (const auto& [name, view] :
+       {std::pair<const char*, const MutableTensorView*>{"d_qkv", &out.d_qkv},
+        {"d_a", &out.d_a},
+        {"d_b", &out.d_b},
+        {"d_conv_weight", &out.d_conv_weight},
+        {"d_conv_bias", &out.d_conv_bias},
+        {"d_A_log", &out.d_A_log},
+        {"d_dt_bias", &out.d_dt_bias},
+        {"d_conv_state", &out.d_conv_state},
+        {"d_recurrent_state", &out.d_recurrent_state}}) {
+    check_rank(name, *view);
+  }
+  const std::int64_t n = r.core.num_seqs, hv = options.hv;
+  const std::string same = " (the dtype of qkv)";
+  expect_output("d_out", in.d_out, 2, {r.tokens, hv * options.dv, 0, 0}, "[T, Hv Dv]", r.dtype,
+                same, true);
+  expect_output("d_conv_state_out", in.d_conv_state_out, 3, {n, r.taps - 1, r.channels, 0},
+                "[N, K - 1, D]", r.dtype, same, false);
+  expect_output("d_recurrent_state_out", in.d_recurrent_state_out, 4, r.core.state_sizes(),
+                "[N, Hv, Dk, Dv]", r.dtype, same, false);
+  const std::string why_res = " (the compute dtype of these inputs)";
+  expect_output("chunk_states", in.chunk_states, 4, r.core.chunk_states_sizes(),
+                "[total_chunks, Hv, Dk, Dv]", r.dtype, why_res, false);
+  expect_output("t_inv", in.t_inv, 4, r.core.t_inv_sizes(), "[total_chunks, Hv, C, C]", r.dtype,
+                why_res, false);
+
+  const bool f64 = precision == OutputPrecision::float64;
+  const DType g = f64 ? DType::f64 : r.dtype;
+  const std::string why = f64 ? " (reference outputs are float64)" : " (the dtype of qkv)";
+  const LayerInputs& f = in.forward;
+  expect_output("d_qkv", out.d_qkv, 2, f.qkv.sizes, "[T, D] (that of qkv)", g, why, true);
+  expect_output("d_a", out.d_a, 2, f.a.sizes, "[T, Hv]", g, why, true);
+  expect_output("d_b", out.d_b, 2, f.b.sizes, "[T, Hv]", g, why, true);
+  expect_output("d_conv_weight", out.d_conv_weight, f.conv_weight.rank, f.conv_weight.sizes,
+                "that of conv_weight", g, why, true);
+  expect_output("d_conv_bias", out.d_conv_bias, 1, {r.channels, 0, 0, 0}, "[D]", g, why, false);
+  expect_output("d_A_log", out.d_A_log, 1, {hv, 0, 0, 0}, "[Hv]", g, why, true);
+  expect_output("d_dt_bias", out.d_dt_bias, 1, {hv, 0, 0, 0}, "[Hv]", g, why, true);
+  expect_output("d_conv_state", out.d_conv_state, 3, {n, r.taps - 1, r.channels, 0},
+                "[N, K - 1, D]", g, why, false);
+  expect_output("d_recurrent_state", out.d_recurrent_state, 4, r.core.state_sizes(),
+                "[N, Hv, Dk, Dv]", g, why, false);
+  std::vector<NamedInput> inputs = named_layer_inputs(f);
+  inputs.insert(inputs.end(), {{"d_out", &in.d_out},
+                               {"d_conv_state_out", &in.d_conv_state_out},
+                               {"d_recurrent_state_out", &in.d_recurrent_state_out},
+                               {"chunk_states", &in.chunk_states},
+                               {"t_inv", &in.t_inv}});
+  check_aliasing({{"d_qkv", &out.d_qkv},
+                  {"d_a", &out.d_a},
+                  {"d_b", &out.d_b},
+                  {"d_conv_weight", &out.d_conv_weight},
+                  {"d_conv_bias", &out.d_conv_bias},
+                  {"d_A_log", &out.d_A_log},
+                  {"d_dt_bias", &out.d_dt_bias},
+                  {"d_conv_state", &out.d_conv_state},
+                  {"d_recurrent_state", &out.d_recurrent_state}},
+                 inputs, {});
 }
 
 }  // namespace gdn::detail

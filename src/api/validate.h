@@ -6,6 +6,7 @@
 #include "api/problem.h"
 #include "gdn/backward.h"
 #include "gdn/forward.h"
+#include "gdn/layer.h"
 
 namespace gdn::detail {
 
@@ -53,5 +54,30 @@ class ValidatedBackward {
 void validate_backward(const BackwardInputs& inputs, const BackwardOutputs& outputs,
                        const ForwardOptions& options, OutputPrecision precision,
                        ValidatedBackward* result);
+
+// A validated layer call: the facts the orchestration (src/api/layer.cc) needs beyond the views.
+class ValidatedLayer {
+ public:
+  ValidatedLayer() = default;
+  ValidatedLayer(const ValidatedLayer&) = delete;
+  ValidatedLayer& operator=(const ValidatedLayer&) = delete;
+
+  std::int64_t tokens = 0, channels = 0, taps = 0;
+  DType dtype = DType::f32;
+  ForwardShape core;  // the gated delta rule's shape (num_seqs, chunks, ...)
+  std::vector<Sequence> sequences;
+};
+
+// Checks a layer forward (inputs, options, outputs, aliasing). Throws gdn::InvalidArgument.
+void validate_layer_forward(const LayerInputs& inputs, const LayerOutputs& outputs,
+                            const LayerOptions& options, OutputPrecision precision,
+                            ValidatedLayer* result);
+// Checks a layer backward.
+void validate_layer_backward(const LayerBackwardInputs& inputs, const LayerBackwardOutputs& outputs,
+                             const LayerOptions& options, OutputPrecision precision,
+                             ValidatedLayer* result);
+// Checks the inputs and options alone (for allocating forms).
+void validate_layer_inputs(const LayerInputs& inputs, const LayerOptions& options,
+                           ValidatedLayer* result);
 
 }  // namespace gdn::detail

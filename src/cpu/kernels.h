@@ -29,6 +29,14 @@ using BackwardItemFn = void (*)(const detail::BackwardProblem& problem, std::int
                                 std::int64_t head, std::int64_t heads, std::int64_t segment,
                                 std::byte* workspace);
 
+// The layer op's conv1d + SiLU (src/cpu/conv1d-inl.h): forward over sequence `seq` and
+// channels [c0, c1); backward over channels [c0, c1) of every sequence. The workspace holds
+// conv_workspace_bytes(problem) bytes.
+using ConvForwardFn = void (*)(const detail::ConvProblem& problem, std::int64_t seq,
+                               std::int64_t c0, std::int64_t c1, std::byte* workspace);
+using ConvBackwardFn = void (*)(const detail::ConvProblem& problem, std::int64_t c0,
+                                std::int64_t c1, std::byte* workspace);
+
 struct KernelTable {
   CpuIsa isa;
   ForwardItemFn chunked_f32;
@@ -37,6 +45,10 @@ struct KernelTable {
   ForwardItemFn recurrent_f64;
   BackwardItemFn backward_f32;
   BackwardItemFn backward_f64;
+  ConvForwardFn conv_forward_f32;
+  ConvForwardFn conv_forward_f64;
+  ConvBackwardFn conv_backward_f32;
+  ConvBackwardFn conv_backward_f64;
   // Runs `iterations` rounds of independent fp32 FMA chains at this variant's vector width
   // and returns a value that depends on all of them. FLOPs = iterations * fma_flops_per_round.
   float (*fma_peak_loop)(std::int64_t iterations);
@@ -59,6 +71,10 @@ std::size_t forward_workspace_bytes(const detail::ForwardProblem& problem, std::
 // chunks rebuilt in segments of `segment` chunks (segment = 0: chunk states were kept).
 std::size_t backward_workspace_bytes(const detail::BackwardProblem& problem, std::int64_t heads,
                                      std::int64_t chunks, std::int64_t segment);
+
+// The conv items' workspace, in bytes, and their channel block.
+std::size_t conv_workspace_bytes(const detail::ConvProblem& problem);
+std::int64_t conv_channel_block();
 
 // fp32 FMA throughput of `threads` threads running the variant's peak loop, in GFLOP/s:
 // the best of a few short runs (about `seconds` in total).

@@ -27,6 +27,7 @@ namespace {
 #include "cpu/io-inl.h"
 #include "cpu/chunked_fwd-inl.h"
 #include "cpu/chunked_bwd-inl.h"
+#include "cpu/conv1d-inl.h"
 #include "cpu/recurrent_fwd-inl.h"
 // clang-format on
 
@@ -47,11 +48,23 @@ float fma_peak_loop(std::int64_t iterations) {
   return reduce_add<float>(sum);
 }
 
+// clang-format off
 constexpr KernelTable kTable = {
-    GDN_TARGET_ISA,         &chunked_item<float>,    &recurrent_item<float>,
-    &chunked_item<double>,  &recurrent_item<double>, &backward_item<float>,
-    &backward_item<double>, &fma_peak_loop,          2 * kChains* kLanes<float>,
+    GDN_TARGET_ISA,
+    &chunked_item<float>,
+    &recurrent_item<float>,
+    &chunked_item<double>,
+    &recurrent_item<double>,
+    &backward_item<float>,
+    &backward_item<double>,
+    &conv_forward_item<float>,
+    &conv_forward_item<double>,
+    &conv_backward_item<float>,
+    &conv_backward_item<double>,
+    &fma_peak_loop,
+    2 * kChains * kLanes<float>,
 };
+// clang-format on
 
 }  // namespace
 }  // namespace gdn::cpu::GDN_TARGET

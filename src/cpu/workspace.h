@@ -139,6 +139,13 @@ static constexpr BackwardLayout backward_layout(std::int64_t dk, std::int64_t dv
   return l;
 }
 
+// The conv1d items (src/cpu/conv1d-inl.h): kConvBlock channels each (2 KiB of a float row);
+// workspace in elements: a ring of K input rows, a ring of K dy rows, one row of scratch.
+inline constexpr std::int64_t kConvBlock = 512;
+static constexpr std::int64_t conv_workspace_elements(std::int64_t taps) {
+  return (2 * taps + 1) * kConvBlock;
+}
+
 struct RecurrentLayout {
   std::int64_t dkp, dvp;
   std::int64_t state;      // S [Dk][dvp]

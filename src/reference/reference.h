@@ -13,6 +13,7 @@
 #include "api/validate.h"
 #include "gdn/backward.h"
 #include "gdn/forward.h"
+#include "gdn/layer.h"
 
 namespace gdn {
 namespace detail {
@@ -23,6 +24,10 @@ ForwardOutputs outputs_of(ForwardResult& result);
 BackwardResult allocate_backward_result(const BackwardInputs& inputs, const ForwardShape& shape,
                                         DType dtype);
 BackwardOutputs outputs_of(BackwardResult& result);
+// The layer op's gradients for `inputs` (src/api/layer.cc).
+LayerBackwardResult allocate_layer_grads(const LayerInputs& inputs, const ValidatedLayer& layer,
+                                         const LayerOptions& options, DType dtype);
+LayerBackwardOutputs outputs_of(LayerBackwardResult& result);
 }  // namespace detail
 
 namespace ref {

@@ -233,6 +233,47 @@ TEST(Validation, HugeAllocationIsRefused) {
   EXPECT_THROW(ref::recurrent_fwd(in, ForwardOptions{}), InvalidArgument);
 }
 
+// Gradients written into one fused buffer: dq and dk interleaved row by row share no element
+// (accepted); shifted by one element they would (rejected).
+TEST(Validation, InterleavedOutputsAreExact) {
+  ProblemSpec spec;
+  spec.lengths = {33};
+  spec.hk = 2;
+  spec.hv = 2;
+  spec.dk = 8;
+  spec.dv = 8;
+  const Problem p = make_problem(spec);
+  const test::Cotangents c = test::make_cotangents(p, 3);
+  BackwardInputs in = BackwardInputs::from(p.inputs());
+  in.d_o = c.d_o.view();
+  const std::int64_t t = 33, row = 2 * 2 * 8;  // [T, (q | k), Hk, Dk]
+  std::vector<float> fused(t * row + 1);
+  Tensor dv(DType::f32, {t, 2, 8}), dg(DType::f32, {t, 2}), dbeta(DType::f32, {t, 2});
+  BackwardOutputs out{MutableTensorView(fused.data(), {t, 2, 8}, {row, 8, 1}),
+                      MutableTensorView(fused.data() + 16, {t, 2, 8}, {row, 8, 1}),
+                      dv.mutable_view(),
+                      dg.mutable_view(),
+                      dbeta.mutable_view(),
+                      {}};
+  EXPECT_NO_THROW(chunk_gated_delta_rule_bwd(in, out, ForwardOptions{}));
+  const BackwardResult separate = chunk_gated_delta_rule_bwd(in, ForwardOptions{});
+  for (std::int64_t i = 0; i < t; ++i) {
+    EXPECT_EQ(
+        std::memcmp(fused.data() + i * row, separate.dq.data<float>() + i * 16, 16 * sizeof(float)),
+        0);
+    EXPECT_EQ(std::memcmp(fused.data() + i * row + 16, separate.dk.data<float>() + i * 16,
+                          16 * sizeof(float)),
+              0);
+  }
+  out.dk = MutableTensorView(fused.data() + 15, {t, 2, 8}, {row, 8, 1});
+  try {
+    chunk_gated_delta_rule_bwd(in, out, ForwardOptions{});
+    ADD_FAILURE() << "overlapping dq and dk accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.argument(), "dq");
+  }
+}
+
 TEST(Validation, BatchedLayoutRejectsCuSeqlens) {
   ProblemSpec spec;
   spec.lengths = {8, 8};

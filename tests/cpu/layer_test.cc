@@ -1,0 +1,276 @@
+// layer_test.cc: the fused layer op on the CPU (every compiled ISA variant) against its float64
+// reference, forward and every gradient, over the case matrix of the layer issue; the A_log
+// and dt_bias gradients in direction and size; continuation over two calls; determinism.
+//
+// Tolerance (docs/numerics.md): float32 results within 1e-4 of the float64 reference in the
+// shared metric (bench/error_stats.h); measured at most 1.9e-5 over this matrix. float64
+// within 1e-12.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <tuple>
+#include <vector>
+
+#include "common/compare.h"
+#include "common/layer_problem.h"
+
+namespace gdn {
+namespace {
+
+constexpr double kF32Tolerance = 1e-4;
+constexpr double kF64Tolerance = 1e-12;
+// A_log and dt_bias gradients: cosine with the reference, and |x - ref| / |ref| (2-norms).
+constexpr double kMinCosine = 0.9999;
+constexpr double kParameterRelative = 1e-5;
+
+std::vector<CpuIsa> compiled_isas() {
+  std::vector<CpuIsa> isas;
+  for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
+    if (cpu_isa_available(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+struct Outputs {
+  LayerForwardResult fwd;
+  LayerBackwardResult bwd;
+  std::vector<std::pair<const char*, const Tensor*>> all() const {
+    return {{"out", &fwd.out},
+            {"conv_state_out", &fwd.conv_state_out},
+            {"recurrent_state_out", &fwd.recurrent_state_out},
+            {"d_qkv", &bwd.d_qkv},
+            {"d_a", &bwd.d_a},
+            {"d_b", &bwd.d_b},
+            {"d_conv_weight", &bwd.d_conv_weight},
+            {"d_conv_bias", &bwd.d_conv_bias},
+            {"d_A_log", &bwd.d_A_log},
+            {"d_dt_bias", &bwd.d_dt_bias},
+            {"d_conv_state", &bwd.d_conv_state},
+            {"d_recurrent_state", &bwd.d_recurrent_state}};
+  }
+};
+
+LayerBackwardInputs backward_inputs(const test::LayerProblem& p) {
+  return {p.inputs(), p.d_out.view(), p.d_conv_state_out.view(), p.d_recurrent_state_out.view(), {},
+          {}};
+}
+
+Outputs run_cpu(const test::LayerProblem& p, const LayerOptions& o) {
+  return {fused_gdn_fwd(p.inputs(), o), fused_gdn_bwd(backward_inputs(p), o)};
+}
+
+Outputs run_ref(const test::LayerProblem& p, const LayerOptions& o) {
+  return {ref::fused_gdn_fwd(p.inputs(), o), ref::fused_gdn_bwd(backward_inputs(p), o)};
+}
+
+// Cosine and relative error of x against ref (2-norms).
+std::pair<double, double> direction_and_size(const Tensor& x, const Tensor& ref) {
+  double dot = 0, nx = 0, nr = 0, diff = 0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const double a = test::value_at(x, i), b = test::value_at(ref, i);
+    dot += a * b;
+    nx += a * a;
+    nr += b * b;
+    diff += (a - b) * (a - b);
+  }
+  return {dot / std::sqrt(nx * nr), std::sqrt(diff / nr)};
+}
+
+class LayerMatchesReference
+    : public ::testing::TestWithParam<std::tuple<std::int64_t, bool, bool, int, int>> {};
+
+TEST_P(LayerMatchesReference, EveryOutputAndGradient) {
+  const auto& [taps, bias, states, group, lengths_case] = GetParam();
+  test::LayerSpec spec;
+  // Sequences of 0, 1 and 2 tokens are shorter than K - 1 for K = 4: their new conv state
+  // reuses the old one.
+  spec.lengths = lengths_case == 0 ? std::vector<std::int64_t>{130}
+                                   : std::vector<std::int64_t>{1, 2, 0, 70, 3};
+  spec.hk = 2;
+  spec.hv = 2 * group;
+  spec.dk = 16;
+  spec.dv = 24;
+  spec.taps = taps;
+  spec.conv_bias = bias;
+  spec.conv_state = states;
+  spec.recurrent_state = states;
+  for (DType dtype : {DType::f32, DType::f64}) {
+    spec.dtype = dtype;
+    const test::LayerProblem p = test::make_layer_problem(spec);
+    const Outputs ref = run_ref(p, p.options());
+    for (CpuIsa isa : compiled_isas()) {
+      LayerOptions o = p.options();
+      o.isa = isa;
+      const Outputs cpu = run_cpu(p, o);
+      const auto got = cpu.all(), want = ref.all();
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        if (!want[i].second->present()) continue;
+        EXPECT_TRUE(test::within(
+            *got[i].second, *want[i].second, dtype == DType::f32 ? kF32Tolerance : kF64Tolerance,
+            std::string(got[i].first) + ", " + cpu_isa_name(isa) + ", " + spec.name()));
+      }
+      for (const Tensor* parameter : {&cpu.bwd.d_A_log, &cpu.bwd.d_dt_bias}) {
+        const Tensor& reference =
+            parameter == &cpu.bwd.d_A_log ? ref.bwd.d_A_log : ref.bwd.d_dt_bias;
+        const auto [cosine, relative] = direction_and_size(*parameter, reference);
+        EXPECT_GE(cosine, kMinCosine) << spec.name();
+        EXPECT_LE(relative, kParameterRelative) << spec.name();
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, LayerMatchesReference,
+                         ::testing::Combine(::testing::Values(1, 2, 4),  // conv taps K
+                                            ::testing::Bool(),           // conv bias
+                                            ::testing::Bool(),           // initial states
+                                            ::testing::Values(2, 4),     // value heads per key head
+                                            ::testing::Values(0, 1)));   // one or several sequences
+
+// 32 tokens, then 32 more with both states carried, equal 64 in one call: bit for bit when the
+// split falls on a chunk boundary, within tolerance when it does not.
+TEST(CpuLayer, ContinuationEqualsOneCall) {
+  test::LayerSpec spec;
+  spec.lengths = {64};
+  spec.hk = 2;
+  spec.hv = 4;
+  spec.dk = 16;
+  spec.dv = 16;
+  spec.conv_state = true;
+  spec.recurrent_state = true;
+  const test::LayerProblem p = test::make_layer_problem(spec);
+  const std::int64_t hv = spec.hv;
+  for (int chunk : {32, 64}) {
+    LayerOptions o = p.options();
+    o.chunk_size = chunk;
+    const LayerForwardResult whole = fused_gdn_fwd(p.inputs(), o);
+    auto rows = [](const TensorView& x, std::int64_t from, std::int64_t count) {
+      TensorView s = x;
+      s.data = static_cast<const char*>(x.data) + from * x.strides[0] * dtype_size(x.dtype);
+      s.sizes[0] = count;
+      return s;
+    };
+    LayerInputs first = p.inputs();
+    first.qkv = rows(first.qkv, 0, 32);
+    first.a = rows(first.a, 0, 32);
+    first.b = rows(first.b, 0, 32);
+    first.cu_seqlens = {};
+    const LayerForwardResult a = fused_gdn_fwd(first, o);
+    LayerInputs second = p.inputs();
+    second.qkv = rows(second.qkv, 32, 32);
+    second.a = rows(second.a, 32, 32);
+    second.b = rows(second.b, 32, 32);
+    second.cu_seqlens = {};
+    second.conv_state = a.conv_state_out.view();
+    second.recurrent_state = a.recurrent_state_out.view();
+    const LayerForwardResult b = fused_gdn_fwd(second, o);
+    Tensor joined(DType::f32, {64, hv * spec.dv});
+    std::memcpy(joined.raw(), a.out.raw(), a.out.bytes());
+    std::memcpy(static_cast<char*>(joined.raw()) + a.out.bytes(), b.out.raw(), b.out.bytes());
+    const std::string what = "chunk " + std::to_string(chunk);
+    EXPECT_TRUE(test::bit_identical(b.conv_state_out, whole.conv_state_out, "conv state, " + what));
+    if (chunk == 32) {
+      EXPECT_TRUE(test::bit_identical(joined, whole.out, "out, " + what));
+      EXPECT_TRUE(
+          test::bit_identical(b.recurrent_state_out, whole.recurrent_state_out, "state, " + what));
+    } else {
+      const LayerForwardResult reference = ref::fused_gdn_fwd(p.inputs(), o);
+      EXPECT_TRUE(test::within(joined, reference.out, kF32Tolerance, "out, " + what));
+    }
+  }
+}
+
+// Parameter gradients are sums over every token: bit for bit the same for any thread count.
+TEST(CpuLayer, BitIdenticalForAnyThreadCount) {
+  test::LayerSpec spec;
+  spec.lengths = {100, 3, 0, 57};
+  spec.hk = 2;
+  spec.hv = 4;
+  spec.dk = 16;
+  spec.dv = 16;
+  spec.conv_state = true;
+  spec.recurrent_state = true;
+  const test::LayerProblem p = test::make_layer_problem(spec);
+  LayerOptions o = p.options();
+  o.threads = 1;
+  const Outputs one = run_cpu(p, o);
+  for (int threads : {2, 3, 7}) {
+    o.threads = threads;
+    const Outputs r = run_cpu(p, o);
+    const auto got = r.all(), want = one.all();
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(test::bit_identical(
+          *got[i].second, *want[i].second,
+          std::string(got[i].first) + ", " + std::to_string(threads) + " threads"));
+    }
+  }
+}
+
+// A channel count that is not a multiple of the conv's 512-channel blocks nor of the vector
+// width, and a conv_weight given as [D, 1, K].
+TEST(CpuLayer, AwkwardChannelCount) {
+  test::LayerSpec spec;
+  spec.lengths = {40, 9};
+  spec.hk = 3;
+  spec.hv = 9;
+  spec.dk = 37;
+  spec.dv = 61;  // D = 2 * 3 * 37 + 9 * 61 = 771
+  spec.taps = 3;
+  spec.conv_state = true;
+  spec.weight_rank3 = true;
+  const test::LayerProblem p = test::make_layer_problem(spec);
+  const Outputs ref = run_ref(p, p.options());
+  for (CpuIsa isa : compiled_isas()) {
+    LayerOptions o = p.options();
+    o.isa = isa;
+    const Outputs cpu = run_cpu(p, o);
+    const auto got = cpu.all(), want = ref.all();
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(test::within(*got[i].second, *want[i].second, kF32Tolerance,
+                               std::string(got[i].first) + ", " + cpu_isa_name(isa)));
+    }
+  }
+}
+
+TEST(CpuLayer, ValidationErrors) {
+  test::LayerSpec spec;
+  spec.lengths = {10, 6};
+  spec.conv_state = true;
+  const test::LayerProblem p = test::make_layer_problem(spec);
+  auto expect_error = [](const std::function<void()>& call, const std::string& argument) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for a bad '" << argument << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.argument(), argument) << e.what();
+    }
+  };
+  LayerOptions o = p.options();
+  o.dk = 9;
+  expect_error([&] { fused_gdn_fwd(p.inputs(), o); }, "qkv");
+  o = p.options();
+  o.hk = 2;
+  o.hv = 3;
+  expect_error([&] { fused_gdn_fwd(p.inputs(), o); }, "options.hv");
+  o = p.options();
+  LayerInputs in = p.inputs();
+  in.conv_weight.sizes[1] = 9;
+  expect_error([&] { fused_gdn_fwd(in, o); }, "conv_weight");
+  in = p.inputs();
+  in.conv_state.sizes[1] = 2;
+  expect_error([&] { fused_gdn_fwd(in, o); }, "conv_state");
+  in = p.inputs();
+  in.A_log.dtype = DType::f64;
+  expect_error([&] { fused_gdn_fwd(in, o); }, "A_log");
+  LayerBackwardInputs bin = backward_inputs(p);
+  bin.d_out.sizes[1] = 3;
+  expect_error([&] { fused_gdn_bwd(bin, o); }, "d_out");
+  // The fused buffer's q, k and v parts interleave row by row but share no element: accepted.
+  LayerForwardResult out = fused_gdn_fwd(p.inputs(), o);
+  EXPECT_EQ(out.out.size(1), spec.hv * spec.dv);
+}
+
+}  // namespace
+}  // namespace gdn
