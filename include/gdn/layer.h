@@ -21,6 +21,9 @@
 
 namespace gdn {
 
+// The conv1d taps K the layer op accepts: 1 .. kMaxConvTaps.
+inline constexpr int kMaxConvTaps = 8;
+
 // The head layout, which the channel count alone does not determine.
 struct LayerOptions {
   std::int64_t hk = 0, hv = 0, dk = 0, dv = 0;  // required; Hv a multiple of Hk

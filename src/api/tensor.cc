@@ -1,6 +1,12 @@
 // tensor.cc: dtype names, view helpers and the owning Tensor.
 #include "gdn/tensor.h"
 
+#ifdef __linux__
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -98,7 +104,43 @@ InvalidArgument::InvalidArgument(std::string argument, std::string expected, std
       expected_(std::move(expected)),
       given_(std::move(given)) {}
 
-void Tensor::Free::operator()(std::byte* p) const { std::free(p); }
+namespace {
+
+#ifdef __linux__
+// Tensors of at least this many bytes are mapped directly, 2 MiB aligned, and marked for
+// transparent huge pages: the first touch of a large fresh buffer then costs 1/512 of the
+// page faults (measured on a 2-core VM: 256 MiB first touched in ~20 ms instead of ~130 ms).
+// Fresh mappings are zero, so they need no memset either.
+constexpr std::size_t kHugeAlign = std::size_t{2} << 20;
+constexpr std::size_t kMapAtLeast = std::size_t{4} << 20;
+
+// A zeroed mapping of `bytes` (a multiple of the page size) at a 2 MiB boundary, or null.
+void* map_aligned(std::size_t bytes) {
+  const std::size_t span = bytes + kHugeAlign;
+  void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto base = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t aligned = (base + kHugeAlign - 1) & ~(kHugeAlign - 1);
+  if (aligned > base) munmap(raw, aligned - base);
+  const std::uintptr_t end = base + span, used_end = aligned + bytes;
+  if (end > used_end) munmap(reinterpret_cast<void*>(used_end), end - used_end);
+  void* p = reinterpret_cast<void*>(aligned);
+  madvise(p, bytes, MADV_HUGEPAGE);  // advice only: without THP it is a normal mapping
+  return p;
+}
+#endif
+
+}  // namespace
+
+void Tensor::Free::operator()(std::byte* p) const {
+#ifdef __linux__
+  if (mapped > 0) {
+    munmap(p, mapped);
+    return;
+  }
+#endif
+  std::free(p);
+}
 
 Tensor::Tensor(DType dtype, std::initializer_list<std::int64_t> shape) : dtype_(dtype) {
   if (shape.size() < 1 || shape.size() > static_cast<std::size_t>(kMaxRank)) {
@@ -132,6 +174,18 @@ Tensor::Tensor(DType dtype, int rank, const Dims& sizes)
                           shape_string(rank, sizes) + " of " + dtype_name(dtype));
   }
   const auto alloc = static_cast<std::size_t>((bytes + 63) / 64 + 1) * 64;
+#ifdef __linux__
+  if (alloc >= kMapAtLeast) {
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t mapped = (alloc + page - 1) / page * page;
+    if (void* p = map_aligned(mapped)) {
+      storage_ = std::unique_ptr<std::byte[], Free>(static_cast<std::byte*>(p), Free{mapped});
+      return;
+    }
+    throw RuntimeError("out of memory mapping " + std::to_string(mapped) + " bytes for a tensor " +
+                       shape_string(rank, sizes));
+  }
+#endif
   void* p = std::aligned_alloc(64, alloc);
   if (p == nullptr) {
     throw RuntimeError("out of memory allocating " + std::to_string(alloc) +

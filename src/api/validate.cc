@@ -764,8 +764,10 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
     fail("conv_weight", "[D, K] or [D, 1, K] with D = " + std::to_string(d), shape_of(w));
   }
   r.taps = w.sizes[w.rank - 1];
-  if (r.taps < 1 || r.taps > 8)
-    fail("conv_weight", "K from 1 to 8", "K = " + std::to_string(r.taps));
+  if (r.taps < 1 || r.taps > kMaxConvTaps) {
+    fail("conv_weight", "K from 1 to " + std::to_string(kMaxConvTaps),
+         "K = " + std::to_string(r.taps));
+  }
   check_extent("conv_weight", w);
   expect_dtype("conv_weight", w, r.dtype, same_dtype);
   if (in.conv_bias.present()) {

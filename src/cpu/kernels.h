@@ -29,13 +29,15 @@ using BackwardItemFn = void (*)(const detail::BackwardProblem& problem, std::int
                                 std::int64_t head, std::int64_t heads, std::int64_t segment,
                                 std::byte* workspace);
 
-// The layer op's conv1d + SiLU (src/cpu/conv1d-inl.h): forward over sequence `seq` and
-// channels [c0, c1); backward over channels [c0, c1) of every sequence. The workspace holds
-// conv_workspace_bytes(problem) bytes.
+// The layer op's conv1d + SiLU (src/cpu/conv1d-inl.h), per work item: tokens [t0, t1) of
+// sequence `seq`, all channels. Backward writes the item's partial d weight [K][cpad] and
+// d bias [cpad] into `partial` (conv_partial_elements(problem) elements of the dtype). The
+// workspace holds conv_workspace_bytes(problem) bytes.
 using ConvForwardFn = void (*)(const detail::ConvProblem& problem, std::int64_t seq,
-                               std::int64_t c0, std::int64_t c1, std::byte* workspace);
-using ConvBackwardFn = void (*)(const detail::ConvProblem& problem, std::int64_t c0,
-                                std::int64_t c1, std::byte* workspace);
+                               std::int64_t t0, std::int64_t t1, std::byte* workspace);
+using ConvBackwardFn = void (*)(const detail::ConvProblem& problem, std::int64_t seq,
+                                std::int64_t t0, std::int64_t t1, std::byte* partial,
+                                std::byte* workspace);
 
 struct KernelTable {
   CpuIsa isa;
@@ -72,9 +74,10 @@ std::size_t forward_workspace_bytes(const detail::ForwardProblem& problem, std::
 std::size_t backward_workspace_bytes(const detail::BackwardProblem& problem, std::int64_t heads,
                                      std::int64_t chunks, std::int64_t segment);
 
-// The conv items' workspace, in bytes, and their channel block.
+// The conv items' workspace in bytes, and the elements of one backward item's partial
+// d weight and d bias.
 std::size_t conv_workspace_bytes(const detail::ConvProblem& problem);
-std::int64_t conv_channel_block();
+std::int64_t conv_partial_elements(const detail::ConvProblem& problem);
 
 // fp32 FMA throughput of `threads` threads running the variant's peak loop, in GFLOP/s:
 // the best of a few short runs (about `seconds` in total).

@@ -1,20 +1,58 @@
 // layer.cc: the conv1d + SiLU drivers (see layer.h).
 #include "cpu/layer.h"
 
+#include <cstring>
+#include <vector>
+
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
+#include "cpu/workspace.h"
 
 namespace gdn::cpu {
+namespace {
+
+struct ConvItem {
+  std::int64_t seq, t0, t1;
+};
+
+// Blocks of kConvTokens tokens of each sequence, in order; an empty sequence gets one empty
+// item (its backward still passes d conv_state_out through to d conv_state).
+std::vector<ConvItem> conv_items(const detail::ConvProblem& p) {
+  std::vector<ConvItem> items;
+  for (std::int64_t s = 0; s < p.num_seqs; ++s) {
+    const std::int64_t len = p.seqs[s].length;
+    if (len == 0) items.push_back({s, 0, 0});
+    for (std::int64_t t0 = 0; t0 < len; t0 += kConvTokens) {
+      items.push_back({s, t0, t0 + kConvTokens < len ? t0 + kConvTokens : len});
+    }
+  }
+  return items;
+}
+
+template <class Real>
+void sum_partials(const detail::ConvProblem& p, const std::byte* partials, std::int64_t items) {
+  const std::int64_t n = conv_partial_elements(p), kcp = p.taps * p.cpad;
+  const Real* src = reinterpret_cast<const Real*>(partials);
+  Real* dw = reinterpret_cast<Real*>(p.dweight);
+  Real* db = reinterpret_cast<Real*>(p.dbias);
+  for (std::int64_t e = 0; e < n; ++e) (e < kcp ? dw[e] : db[e - kcp]) = 0;
+  for (std::int64_t item = 0; item < items; ++item) {
+    const Real* part = src + item * n;
+    for (std::int64_t e = 0; e < kcp; ++e) dw[e] += part[e];
+    for (std::int64_t e = kcp; e < n; ++e) db[e - kcp] += part[e];
+  }
+}
+
+}  // namespace
 
 void conv_forward(const detail::ConvProblem& p, CpuIsa isa, int threads) {
   const KernelTable& table = kernel_table(isa);
   const ConvForwardFn fn = p.dtype == DType::f64 ? table.conv_forward_f64 : table.conv_forward_f32;
-  const std::int64_t block = conv_channel_block();
-  const std::int64_t blocks = (p.channels + block - 1) / block;
-  for_each_item(threads > 0 ? threads : default_threads(), p.num_seqs * blocks,
-                conv_workspace_bytes(p), [&](std::int64_t item, std::byte* workspace) {
-                  const std::int64_t s = item / blocks, c0 = item % blocks * block;
-                  fn(p, s, c0, c0 + block < p.channels ? c0 + block : p.channels, workspace);
+  const std::vector<ConvItem> items = conv_items(p);
+  for_each_item(threads > 0 ? threads : default_threads(), static_cast<std::int64_t>(items.size()),
+                conv_workspace_bytes(p), [&](std::int64_t i, std::byte* workspace) {
+                  const ConvItem& item = items[static_cast<std::size_t>(i)];
+                  fn(p, item.seq, item.t0, item.t1, workspace);
                 });
 }
 
@@ -22,13 +60,22 @@ void conv_backward(const detail::ConvProblem& p, CpuIsa isa, int threads) {
   const KernelTable& table = kernel_table(isa);
   const ConvBackwardFn fn =
       p.dtype == DType::f64 ? table.conv_backward_f64 : table.conv_backward_f32;
-  const std::int64_t block = conv_channel_block();
-  const std::int64_t blocks = (p.channels + block - 1) / block;
-  for_each_item(threads > 0 ? threads : default_threads(), blocks, conv_workspace_bytes(p),
-                [&](std::int64_t item, std::byte* workspace) {
-                  const std::int64_t c0 = item * block;
-                  fn(p, c0, c0 + block < p.channels ? c0 + block : p.channels, workspace);
+  const std::vector<ConvItem> items = conv_items(p);
+  const auto count = static_cast<std::int64_t>(items.size());
+  const std::size_t partial_bytes =
+      static_cast<std::size_t>(conv_partial_elements(p)) * dtype_size(p.dtype);
+  std::vector<std::byte> partials(partial_bytes * static_cast<std::size_t>(count));
+  for_each_item(threads > 0 ? threads : default_threads(), count, conv_workspace_bytes(p),
+                [&](std::int64_t i, std::byte* workspace) {
+                  const ConvItem& item = items[static_cast<std::size_t>(i)];
+                  fn(p, item.seq, item.t0, item.t1,
+                     partials.data() + static_cast<std::size_t>(i) * partial_bytes, workspace);
                 });
+  if (p.dtype == DType::f64) {
+    sum_partials<double>(p, partials.data(), count);
+  } else {
+    sum_partials<float>(p, partials.data(), count);
+  }
 }
 
 }  // namespace gdn::cpu

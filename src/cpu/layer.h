@@ -6,11 +6,12 @@
 
 namespace gdn::cpu {
 
-// xh = SiLU(conv(x)) for every sequence; items are (sequence, block of channels).
+// xh = SiLU(conv(x)) for every sequence; items are blocks of tokens of one sequence, all
+// channels (src/cpu/workspace.h: kConvTokens).
 void conv_forward(const detail::ConvProblem& problem, CpuIsa isa, int threads);
 
-// dx, d conv_state, d weight and d bias; items are blocks of channels, each over every
-// sequence in order, so that the parameter gradients are summed in a fixed order.
+// dx, d conv_state, d weight and d bias; the same items, each writing its partial d weight
+// and d bias, summed afterwards in item order (bit-identical for any thread count).
 void conv_backward(const detail::ConvProblem& problem, CpuIsa isa, int threads);
 
 }  // namespace gdn::cpu

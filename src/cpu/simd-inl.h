@@ -41,6 +41,36 @@ template <class Real>
 inline void store(Real* p, Vec<Real> v) {
   __builtin_memcpy(p, &v, sizeof v);
 }
+// Stores a vector to memory aligned to the vector width, bypassing the caches (a
+// non-temporal store: for outputs too large to stay cached, it saves reading each line before
+// writing it); a plain store where the ISA has none. stream_fence() orders these stores
+// before any later store, so the writer calls it before another thread may read them.
+template <class Real>
+inline void stream(Real* p, Vec<Real> v) {
+#if GDN_VECTOR_BYTES == 64 && defined(__AVX512F__)
+  if constexpr (sizeof(Real) == 4)
+    _mm512_stream_ps(p, v);
+  else
+    _mm512_stream_pd(p, v);
+#elif GDN_VECTOR_BYTES == 32 && defined(__AVX__)
+  if constexpr (sizeof(Real) == 4)
+    _mm256_stream_ps(p, v);
+  else
+    _mm256_stream_pd(p, v);
+#elif GDN_VECTOR_BYTES == 16 && defined(__SSE2__)
+  if constexpr (sizeof(Real) == 4)
+    _mm_stream_ps(p, v);
+  else
+    _mm_stream_pd(p, v);
+#else
+  store(p, v);
+#endif
+}
+inline void stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
 template <class Real>
 inline Vec<Real> splat(Real x) {
   return Vec<Real>{} + x;

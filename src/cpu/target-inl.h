@@ -8,9 +8,14 @@
 #include <cstdint>
 #include <utility>  // std::index_sequence (types only, no code)
 
+#if defined(__SSE2__)
+#include <immintrin.h>  // non-temporal stores (simd-inl.h: stream); static inline functions
+#endif
+
 #include "api/problem.h"
 #include "cpu/kernels.h"
 #include "cpu/workspace.h"
+#include "gdn/layer.h"
 
 #if !defined(GDN_TARGET) || !defined(GDN_TARGET_ISA) || !defined(GDN_VECTOR_BYTES) || \
     !defined(GDN_GEMM_MR) || !defined(GDN_GEMM_NV)

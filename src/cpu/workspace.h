@@ -139,11 +139,22 @@ static constexpr BackwardLayout backward_layout(std::int64_t dk, std::int64_t dv
   return l;
 }
 
-// The conv1d items (src/cpu/conv1d-inl.h): kConvBlock channels each (2 KiB of a float row);
-// workspace in elements: a ring of K input rows, a ring of K dy rows, one row of scratch.
-inline constexpr std::int64_t kConvBlock = 512;
-static constexpr std::int64_t conv_workspace_elements(std::int64_t taps) {
-  return (2 * taps + 1) * kConvBlock;
+// The conv1d items (src/cpu/conv1d-inl.h): up to kConvTokens tokens of one sequence, all
+// channels (fixed by the problem, never by the thread count: the backward sums its partial
+// d weights in item order). The forward walks an item in sub-blocks of kConvSub tokens and
+// streams its output past the caches when it is at least kConvStreamBytes (the size of a
+// large L3: smaller outputs are still cached when the core op reads them).
+inline constexpr std::int64_t kConvTokens = 256;
+inline constexpr std::int64_t kConvSub = 16;
+inline constexpr std::int64_t kConvStreamBytes = std::int64_t{32} << 20;
+
+// Workspace in elements, the larger of the forward's (K - 1 + kConvSub staged input rows and
+// kConvSub tail vectors) and the backward's (a ring of K input rows, a ring of K dy rows, one
+// row of scratch), rows cpad long.
+static constexpr std::int64_t conv_workspace_elements(std::int64_t taps, std::int64_t cpad) {
+  const std::int64_t forward = (taps - 1 + kConvSub) * cpad + kConvSub * kPad;
+  const std::int64_t backward = (2 * taps + 1) * cpad;
+  return forward > backward ? forward : backward;
 }
 
 struct RecurrentLayout {

@@ -30,7 +30,8 @@ double weight_at(const TensorView& w, std::int64_t c, std::int64_t i) {
   return w.rank == 2 ? read(w, c, i) : read(w, c, 0, i);
 }
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-double softplus(double x) { return x > 30 ? x : std::log1p(std::exp(x)); }
+// Past 40, log1p(e^x) = x + e^-x rounds to x in float64 (e^-40 / 40 < 2^-60).
+double softplus(double x) { return x > 40 ? x : std::log1p(std::exp(x)); }
 
 // A float64 copy of an optional [.., .., ..] or [.., .., .., ..] view, contiguous.
 Tensor to_f64(const TensorView& v) {

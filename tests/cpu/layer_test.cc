@@ -85,9 +85,9 @@ TEST_P(LayerMatchesReference, EveryOutputAndGradient) {
   const auto& [taps, bias, states, group, lengths_case] = GetParam();
   test::LayerSpec spec;
   // Sequences of 0, 1 and 2 tokens are shorter than K - 1 for K = 4: their new conv state
-  // reuses the old one.
+  // reuses the old one. 600 tokens span three of the conv's 256-token items.
   spec.lengths = lengths_case == 0 ? std::vector<std::int64_t>{130}
-                                   : std::vector<std::int64_t>{1, 2, 0, 70, 3};
+                                   : std::vector<std::int64_t>{1, 2, 0, 600, 3};
   spec.hk = 2;
   spec.hv = 2 * group;
   spec.dk = 16;
@@ -185,7 +185,7 @@ TEST(CpuLayer, ContinuationEqualsOneCall) {
 // Parameter gradients are sums over every token: bit for bit the same for any thread count.
 TEST(CpuLayer, BitIdenticalForAnyThreadCount) {
   test::LayerSpec spec;
-  spec.lengths = {100, 3, 0, 57};
+  spec.lengths = {700, 3, 0, 257};  // several conv items, one ending a token past a block
   spec.hk = 2;
   spec.hv = 4;
   spec.dk = 16;
@@ -208,8 +208,8 @@ TEST(CpuLayer, BitIdenticalForAnyThreadCount) {
   }
 }
 
-// A channel count that is not a multiple of the conv's 512-channel blocks nor of the vector
-// width, and a conv_weight given as [D, 1, K].
+// A channel count that is not a multiple of the vector width, and a conv_weight given as
+// [D, 1, K].
 TEST(CpuLayer, AwkwardChannelCount) {
   test::LayerSpec spec;
   spec.lengths = {40, 9};
@@ -231,6 +231,28 @@ TEST(CpuLayer, AwkwardChannelCount) {
       EXPECT_TRUE(test::within(*got[i].second, *want[i].second, kF32Tolerance,
                                std::string(got[i].first) + ", " + cpu_isa_name(isa)));
     }
+  }
+}
+
+// A conv output of at least 32 MiB (src/cpu/workspace.h: kConvStreamBytes) is written with
+// non-temporal stores: the forward still matches the reference, on every ISA.
+TEST(CpuLayer, LargeConvOutputStreamedPastTheCaches) {
+  test::LayerSpec spec;
+  spec.lengths = {4000, 96};  // 4096 tokens x D = 2048 channels of float: 32 MiB
+  spec.hk = 4;
+  spec.hv = 8;
+  spec.dk = 128;
+  spec.dv = 128;
+  spec.conv_state = true;
+  const test::LayerProblem p = test::make_layer_problem(spec);
+  const LayerForwardResult ref = ref::fused_gdn_fwd(p.inputs(), p.options());
+  for (CpuIsa isa : compiled_isas()) {
+    LayerOptions o = p.options();
+    o.isa = isa;
+    const LayerForwardResult cpu = fused_gdn_fwd(p.inputs(), o);
+    EXPECT_TRUE(test::within(cpu.out, ref.out, kF32Tolerance, cpu_isa_name(isa)));
+    EXPECT_TRUE(
+        test::within(cpu.conv_state_out, ref.conv_state_out, kF32Tolerance, cpu_isa_name(isa)));
   }
 }
 

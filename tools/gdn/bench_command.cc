@@ -3,11 +3,7 @@
 // Validate, then time: every case is first checked against the float64 reference on a slice
 // of the problem, then timed (one warm-up, then --repeats runs; median, min, max), and
 // reported beside the fp32 FMA peak measured in the same run with the same threads.
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
-#include <cstdarg>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -17,6 +13,7 @@
 #include "args.h"
 #include "bench/cost_model.h"
 #include "bench/error_stats.h"
+#include "bench_util.h"
 #include "commands.h"
 #include "cpu/kernels.h"
 #include "gdn/gdn.h"
@@ -26,7 +23,8 @@ namespace gdn::cli {
 
 const char* const kBenchHelp = R"HELP(usage: gdn bench [options]
 
-Times the forward and backward passes at one problem shape. Cases: the chunked forward
+Times the gated delta rule's forward and backward passes at one problem shape (--op layer:
+the whole fused layer op; --op conv: its conv1d + SiLU; each has its own --help). Cases: the chunked forward
 without and with residuals, the token-recurrence baseline, and the chunked backward under each
 remat policy (all: from kept chunk_states and t_inv; t_inv: rebuilding the chunk states;
 none: rebuilding both; the forward that produced the residuals is not timed). For each: median
@@ -47,11 +45,16 @@ examples:
   gdn bench --seq 64k --repeats 3
   gdn bench --cases backward --json > backward.jsonl
   gdn bench --hv 64 --seqs 4 --tokens 2048
+  gdn bench --op layer --json
+  gdn bench --op conv --threads 1
 )HELP";
 
 namespace {
 
 const std::vector<OptionSpec> kOptions = {
+    {"op", "OP",
+     "core (default: the gated delta rule), layer (the fused layer op, see "
+     "`gdn bench --op layer --help`) or conv (its conv1d + SiLU)"},
     {"tokens", "T", "tokens per sequence (default 8192)"},
     {"seq", "T", "the same as --tokens; accepts a k suffix (8k, 64k)"},
     {"seqs", "N", "sequences, packed back to back (default 1)"},
@@ -71,35 +74,6 @@ const std::vector<OptionSpec> kOptions = {
 // fp32 tolerance of the checks (docs/numerics.md).
 constexpr double kTolerance = 1e-4;
 
-// Deterministic, fast uniform numbers in [lo, hi) (splitmix64).
-class Random {
- public:
-  explicit Random(std::uint64_t seed) : state_(seed) {}
-  double uniform(double lo, double hi) {
-    state_ += 0x9e3779b97f4a7c15ULL;
-    std::uint64_t z = state_;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return lo + (hi - lo) * static_cast<double>(z >> 11) * 0x1.0p-53;
-  }
-
- private:
-  std::uint64_t state_;
-};
-
-// Progress goes to stderr when it is a terminal, one line rewritten in place.
-void progress(const char* format, ...) __attribute__((format(printf, 1, 2)));
-void progress(const char* format, ...) {
-  static const bool tty = isatty(2);
-  if (!tty) return;
-  va_list args;
-  va_start(args, format);
-  std::fprintf(stderr, "\r\033[K");
-  std::vfprintf(stderr, format, args);
-  va_end(args);
-}
-
 // One measured case: `setup` allocates its outputs (and runs whatever untimed work it needs),
 // `run` is what is timed, `check` compares with the float64 reference and returns the error,
 // `teardown` frees what setup allocated.
@@ -111,49 +85,6 @@ struct Case {
   std::function<void()> setup, run, teardown;
   std::function<double()> check;
 };
-
-struct Timing {
-  double median_ms = 0, min_ms = 0, max_ms = 0;
-  std::int64_t peak_rss = 0;
-};
-
-Timing time_case(const Case& c, int repeats) {
-  std::vector<double> ms;
-  for (int r = 0; r < repeats; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    c.run();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                     .count());
-    progress("  %s %s (residuals %s): run %d/%d took %.2f ms", c.op.c_str(), c.impl.c_str(),
-             c.residuals.c_str(), r + 1, repeats, ms.back());
-  }
-  progress("%s", "");
-  std::sort(ms.begin(), ms.end());
-  Timing t;
-  t.min_ms = ms.front();
-  t.max_ms = ms.back();
-  t.median_ms =
-      ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
-  return t;
-}
-
-std::int64_t parse_tokens(const Args& args) {
-  if (!args.has("seq")) return args.integer("tokens", 8192, 1, std::int64_t{1} << 24);
-  if (args.has("tokens")) throw UsageError("options '--seq' and '--tokens' are the same; give one");
-  std::string text = args.text("seq", "");
-  std::int64_t multiplier = 1;
-  if (!text.empty() && (text.back() == 'k' || text.back() == 'K')) {
-    multiplier = 1024;
-    text.pop_back();
-  }
-  char* end = nullptr;
-  const long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || value < 1 || value * multiplier > (std::int64_t{1} << 24)) {
-    throw UsageError("option '--seq': expected a token count such as 8192, 8k or 64k, given '" +
-                     args.text("seq", "") + "'");
-  }
-  return value * multiplier;
-}
 
 // The largest normalised error of float32 tensors against their float64 references.
 double max_error(const std::vector<std::pair<const Tensor*, const Tensor*>>& pairs) {
@@ -181,12 +112,22 @@ BackwardResult allocate_grads(const ForwardInputs& in, const ForwardShape& shape
 }  // namespace
 
 int bench_command(int argc, char** argv) {
+  // --op picks the benchmark; each parses its own options.
+  std::string op = "core";
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--op" && i + 1 < argc) op = argv[i + 1];
+    if (arg.rfind("--op=", 0) == 0) op = arg.substr(5);
+  }
+  if (op == "layer") return bench_layer_command(argc, argv);
+  if (op == "conv") return bench_conv_command(argc, argv);
   const Args args(kOptions, argc, argv, 2);
+  args.choice("op", "core", {"core", "layer", "conv"});
   if (args.flag("help")) {
     std::printf(kBenchHelp, describe_options(kOptions).c_str());
     return 0;
   }
-  const std::int64_t tokens = parse_tokens(args);
+  const std::int64_t tokens = parse_tokens(args, 8192);
   const std::int64_t seqs = args.integer("seqs", 1, 1, 4096);
   const std::int64_t hk = args.integer("hk", 16, 1, 1024);
   const std::int64_t hv = args.integer("hv", 32, 1, 4096);
@@ -422,7 +363,7 @@ int bench_command(int argc, char** argv) {
                    c.op.c_str(), c.impl.c_str());
       return 1;
     }
-    Timing t = time_case(c, repeats);
+    Timing t = time_runs(c.run, repeats, c.op + " " + c.impl + " (residuals " + c.residuals + ")");
     t.peak_rss = peak_rss_bytes();
     c.teardown();
     timings.push_back(t);
@@ -460,9 +401,9 @@ int bench_command(int argc, char** argv) {
                 "peak RSS MiB");
     for (const std::string& row : rows) std::fputs(row.c_str(), stdout);
     std::printf("\n");
-    auto median_of = [&](const char* op, const char* impl, const char* residuals) {
+    auto median_of = [&](const char* pass, const char* impl, const char* residuals) {
       for (std::size_t i = 0; i < cases.size(); ++i) {
-        if (cases[i].op == op && cases[i].impl == impl && cases[i].residuals == residuals) {
+        if (cases[i].op == pass && cases[i].impl == impl && cases[i].residuals == residuals) {
           return timings[i].median_ms;
         }
       }

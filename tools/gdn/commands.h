@@ -8,5 +8,9 @@ namespace gdn::cli {
 int forward_command(int argc, char** argv);
 int backward_command(int argc, char** argv);
 int bench_command(int argc, char** argv);
+int bench_layer_command(int argc, char** argv);  // gdn bench --op layer
+int bench_conv_command(int argc, char** argv);   // gdn bench --op conv
+int layer_forward_command(int argc, char** argv);
+int layer_backward_command(int argc, char** argv);
 
 }  // namespace gdn::cli

@@ -45,18 +45,25 @@ ForwardTensors load_forward_inputs(const std::filesystem::path& dir) {
   t.v = npy::load(dir / "v.npy");
   t.g = npy::load(dir / "g.npy");
   t.beta = npy::load(dir / "beta.npy");
-  if (std::filesystem::exists(dir / "cu_seqlens.npy")) {
-    t.cu_seqlens = npy::load(dir / "cu_seqlens.npy");
-    if (t.cu_seqlens.dtype() == DType::i32) {  // widen int32 boundaries exactly
-      Tensor wide(DType::i64, t.cu_seqlens.rank(), t.cu_seqlens.sizes());
-      for (std::int64_t i = 0; i < t.cu_seqlens.numel(); ++i) {
-        wide.data<std::int64_t>()[i] = t.cu_seqlens.data<std::int32_t>()[i];
-      }
-      t.cu_seqlens = std::move(wide);
-    }
-  }
-  if (std::filesystem::exists(dir / "h0.npy")) t.h0 = npy::load(dir / "h0.npy");
+  t.cu_seqlens = load_cu_seqlens(dir);
+  t.h0 = load_if_present(dir / "h0.npy");
   return t;
+}
+
+Tensor load_if_present(const std::filesystem::path& file) {
+  return std::filesystem::exists(file) ? npy::load(file) : Tensor{};
+}
+
+Tensor load_cu_seqlens(const std::filesystem::path& dir) {
+  Tensor cu = load_if_present(dir / "cu_seqlens.npy");
+  if (cu.present() && cu.dtype() == DType::i32) {  // widen int32 boundaries exactly
+    Tensor wide(DType::i64, cu.rank(), cu.sizes());
+    for (std::int64_t i = 0; i < cu.numel(); ++i) {
+      wide.data<std::int64_t>()[i] = cu.data<std::int32_t>()[i];
+    }
+    return wide;
+  }
+  return cu;
 }
 
 std::string file_of_argument(const std::string& argument) {

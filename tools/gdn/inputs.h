@@ -29,6 +29,12 @@ struct ForwardTensors {
 };
 ForwardTensors load_forward_inputs(const std::filesystem::path& dir);
 
+// The tensor in `file`, or an absent tensor when there is no such file.
+Tensor load_if_present(const std::filesystem::path& file);
+
+// dir/cu_seqlens.npy (int32 widened to int64), or an absent tensor.
+Tensor load_cu_seqlens(const std::filesystem::path& dir);
+
 // The .npy file behind an argument name of the library ("" when none), for error messages.
 std::string file_of_argument(const std::string& argument);
 

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "args.h"
 #include "commands.h"
@@ -16,11 +17,14 @@ const char* const kHelp = R"HELP(usage: gdn <command> [options]
 Gated DeltaNet (the gated delta rule of Qwen3-Next / Qwen3.5) on the CPU, exact and fast.
 
 commands:
-  forward   run the forward pass on .npy tensors (q, k, v, g, beta [, cu_seqlens, h0])
-  backward  run the backward pass on .npy tensors (the forward's, do [, dht, residuals])
-  bench     time the forward and backward passes (default: one Qwen3-Next layer, 8192 tokens)
-  version   print the version, the CPU variants and the threads this build uses
-  help      show this help, or `gdn help <command>` for a command's
+  forward         the gated delta rule's forward on .npy tensors (q, k, v, g, beta, ...)
+  backward        the gated delta rule's backward on .npy tensors (the forward's, do, ...)
+  layer-forward   the fused layer op (conv1d + SiLU + gates + gated delta rule) on .npy tensors
+  layer-backward  the fused layer op's backward: every gradient a training step needs
+  bench           time the passes (default: the gated delta rule of one Qwen3-Next layer,
+                  8192 tokens; --op layer: the whole layer op; --op conv: the conv1d + SiLU)
+  version         print the version, the CPU variants and the threads this build uses
+  help            show this help, or `gdn help <command>` for a command's
 
 Run `gdn <command> --help` for a command's options and examples.
 
@@ -30,7 +34,18 @@ examples:
   gdn forward --in dump/ --out result/ --l2norm
   gdn forward --in dump/ --out ref/ --reference --l2norm
   gdn backward --in dump/ --out grads/ --l2norm --policy t_inv
+  gdn layer-forward --in dump/ --out result/ --hk 16 --hv 32 --dk 128 --dv 128
+  gdn bench --op layer --json
 )HELP";
+
+using Command = int (*)(int argc, char** argv);
+const std::pair<const char*, Command> kCommands[] = {
+    {"forward", gdn::cli::forward_command},
+    {"backward", gdn::cli::backward_command},
+    {"layer-forward", gdn::cli::layer_forward_command},
+    {"layer-backward", gdn::cli::layer_backward_command},
+    {"bench", gdn::cli::bench_command},
+};
 
 int print_version() {
   std::printf("gdn %s\n", gdn::kVersion);
@@ -51,27 +66,24 @@ int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
   try {
     if (command.empty() || command == "help" || command == "--help" || command == "-h") {
-      if (argc > 2 && std::strcmp(argv[2], "forward") == 0) {
-        char* args[] = {argv[0], argv[2], const_cast<char*>("--help")};
-        return gdn::cli::forward_command(3, args);
-      }
-      if (argc > 2 && std::strcmp(argv[2], "backward") == 0) {
-        char* args[] = {argv[0], argv[2], const_cast<char*>("--help")};
-        return gdn::cli::backward_command(3, args);
-      }
-      if (argc > 2 && std::strcmp(argv[2], "bench") == 0) {
-        char* args[] = {argv[0], argv[2], const_cast<char*>("--help")};
-        return gdn::cli::bench_command(3, args);
+      if (argc > 2) {
+        for (const auto& [name, run] : kCommands) {
+          if (std::strcmp(argv[2], name) == 0) {
+            char* args[] = {argv[0], argv[2], const_cast<char*>("--help")};
+            return run(3, args);
+          }
+        }
       }
       std::fputs(kHelp, command.empty() ? stderr : stdout);
       return command.empty() ? 2 : 0;
     }
-    if (command == "forward") return gdn::cli::forward_command(argc, argv);
-    if (command == "backward") return gdn::cli::backward_command(argc, argv);
-    if (command == "bench") return gdn::cli::bench_command(argc, argv);
+    for (const auto& [name, run] : kCommands) {
+      if (command == name) return run(argc, argv);
+    }
     if (command == "version" || command == "--version") return print_version();
     std::fprintf(stderr,
-                 "gdn: unknown command '%s' (expected forward, backward, bench, version or help)\n",
+                 "gdn: unknown command '%s' (expected forward, backward, layer-forward, "
+                 "layer-backward, bench, version or help)\n",
                  command.c_str());
     return 2;
   } catch (const gdn::cli::UsageError& e) {

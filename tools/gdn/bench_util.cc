@@ -1,0 +1,66 @@
+// bench_util.cc: see bench_util.h.
+#include "bench_util.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace gdn::cli {
+
+void progress(const char* format, ...) {
+  static const bool tty = isatty(2);
+  if (!tty) return;
+  va_list args;
+  va_start(args, format);
+  std::fprintf(stderr, "\r\033[K");
+  std::vfprintf(stderr, format, args);
+  va_end(args);
+}
+
+Timing time_runs(const std::function<void()>& run, int repeats, const std::string& label) {
+  std::vector<double> ms;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
+    progress("  %s: run %d/%d took %.2f ms", label.c_str(), r + 1, repeats, ms.back());
+  }
+  progress("%s", "");
+  std::sort(ms.begin(), ms.end());
+  Timing t;
+  t.min_ms = ms.front();
+  t.max_ms = ms.back();
+  t.median_ms =
+      ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+  return t;
+}
+
+std::int64_t parse_token_count(const std::string& option, const std::string& given) {
+  std::string text = given;
+  std::int64_t multiplier = 1;
+  if (!text.empty() && (text.back() == 'k' || text.back() == 'K')) {
+    multiplier = 1024;
+    text.pop_back();
+  }
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || value < 1 || value * multiplier > (std::int64_t{1} << 24)) {
+    throw UsageError("option '--" + option +
+                     "': expected a token count such as 8192, 8k or 64k, given '" + given + "'");
+  }
+  return value * multiplier;
+}
+
+std::int64_t parse_tokens(const Args& args, std::int64_t fallback) {
+  if (!args.has("seq")) return args.integer("tokens", fallback, 1, std::int64_t{1} << 24);
+  if (args.has("tokens")) throw UsageError("options '--seq' and '--tokens' are the same; give one");
+  return parse_token_count("seq", args.text("seq", ""));
+}
+
+}  // namespace gdn::cli
