@@ -18,16 +18,11 @@
 // block's inputs (the first block of a sequence also its conv-state rows, j < 0, which feed
 // d conv_state), plus the cotangent of the final conv state for the last K - 1 inputs; and the
 // item's partial d weight and d bias, which the driver sums over items in item order
-// (bit-identical for any thread count). It walks whole rows through a ring of the last K
-// input rows and a ring of the last K dy rows.
+// (bit-identical for any thread count). The same column walk as the forward, with windows of
+// the last K inputs and the last K dy in registers and the gradients accumulated in registers
+// over each sub-block.
 
-// The ring slot of input j (j may be negative: the conv state's rows).
-inline std::int64_t ring_slot(std::int64_t j, std::int64_t taps) {
-  const std::int64_t r = j % taps;
-  return r < 0 ? r + taps : r;
-}
-
-// ring row = input j of sequence s over all channels: x[start + j] (j >= 0) or conv state row
+// row = input j of sequence s over all channels: x[start + j] (j >= 0) or conv state row
 // K - 1 + j (zeros when absent), converted, zero padded to cpad.
 template <class Real>
 inline void conv_input_row(const detail::ConvProblem& p, std::int64_t s, std::int64_t j,
@@ -49,23 +44,6 @@ inline void conv_input_row(const detail::ConvProblem& p, std::int64_t s, std::in
                       (s * (p.taps - 1) + p.taps - 1 + j) * p.channels;
     gather_row(row, src, 1, p.channels, p.cpad);
   }
-}
-
-// The ring rows holding inputs t - K + 1 .. t (tap i reads rows[i]).
-template <class Real>
-inline void ring_rows(const Real* ring, std::int64_t t, std::int64_t taps, std::int64_t cpad,
-                      const Real** rows) {
-  for (std::int64_t i = 0; i < taps; ++i) rows[i] = ring + ring_slot(t - taps + 1 + i, taps) * cpad;
-}
-
-// y = bias + sum_i w[i] x_(t-K+1+i) at channel vector v.
-template <class Real>
-inline Vec<Real> conv_pre_activation(const detail::ConvProblem& p, const Real* const* rows,
-                                     std::int64_t v) {
-  const Real* w = reinterpret_cast<const Real*>(p.weight) + v;
-  Vec<Real> y = load(reinterpret_cast<const Real*>(p.bias) + v);
-  for (std::int64_t i = 0; i < p.taps; ++i) y += load(w + i * p.cpad) * load(rows[i] + v);
-  return y;
 }
 
 template <class Real>
@@ -178,79 +156,177 @@ void conv_forward_item(const detail::ConvProblem& p, std::int64_t s, std::int64_
   }
 }
 
+// One channel vector v of a backward sub-block: steps t = u0 .. u0 + n - 1 of the item's walk
+// (rows are indexed from the sub-block: x rows[r] holds input u0 - K + 1 + r, dxh drows[r]
+// token u0 + r, dx outs[r] input u0 - K + 1 + r). At each step: dy_t (0 past the sequence),
+// the item's d weight and d bias (steps before t1 only), and dx of input t - K + 1 (when at
+// least lo) from the window of the last K dy. The dy window and the gradient accumulators
+// carry over between sub-blocks through `carry` (K - 1 rows of dy) and `partial`.
+template <class Real, int K>
+inline void conv_backward_column(const detail::ConvProblem& p, const Real* const* rows,
+                                 const Real* const* drows, Real* const* outs, std::int64_t v,
+                                 std::int64_t u0, std::int64_t n, std::int64_t len, std::int64_t t1,
+                                 std::int64_t lo, Real* carry, Real* partial) {
+  const std::int64_t cp = p.cpad;
+  const Real* w = reinterpret_cast<const Real*>(p.weight) + v;
+  Vec<Real> wv[K], a[K], dyw[K], dw[K];
+#pragma GCC unroll 8
+  for (int i = 0; i < K; ++i) {
+    wv[i] = load(w + i * cp);
+    dw[i] = load(partial + i * cp + v);
+  }
+  Vec<Real> db = load(partial + K * cp + v);
+  const Vec<Real> b = load(reinterpret_cast<const Real*>(p.bias) + v);
+#pragma GCC unroll 8
+  for (int i = 0; i < K - 1; ++i) {
+    a[i] = load(rows[i] + v);
+    dyw[i] = load(carry + i * cp + v);
+  }
+  for (std::int64_t r = 0; r < n; ++r) {
+    const std::int64_t t = u0 + r;
+    Vec<Real> dy{};
+    if (t < len) {
+      a[K - 1] = load(rows[r + K - 1] + v);
+      Vec<Real> y = b;
+#pragma GCC unroll 8
+      for (int i = 0; i < K; ++i) y += wv[i] * a[i];
+      const Vec<Real> sig = vsigmoid<Real>(y);
+      dy = load(drows[r] + v) * sig * (splat<Real>(1) + y * (splat<Real>(1) - sig));
+      if (t < t1) {
+#pragma GCC unroll 8
+        for (int i = 0; i < K; ++i) dw[i] += dy * a[i];
+        db += dy;
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < K - 1; ++i) a[i] = a[i + 1];
+    }
+    dyw[K - 1] = dy;
+    if (t - (K - 1) >= lo) {
+      Vec<Real> dx{};
+#pragma GCC unroll 8
+      for (int i = 0; i < K; ++i) dx += wv[i] * dyw[K - 1 - i];
+      store(outs[r] + v, dx);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < K - 1; ++i) dyw[i] = dyw[i + 1];
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < K; ++i) store(partial + i * cp + v, dw[i]);
+  store(partial + K * cp + v, db);
+#pragma GCC unroll 8
+  for (int i = 0; i < K - 1; ++i) store(carry + i * cp + v, dyw[i]);
+}
+
+// Sequence s, tokens [t0, t1), K taps: dx of the item's inputs [lo, t1) (lo = t0, or -(K - 1)
+// for a sequence's first item: its conv-state rows, d conv_state), and the item's partial
+// d weight [K][cpad] and d bias [cpad] into `partial_bytes`. The walk runs over steps
+// [t0, t1 + K - 1): the K - 1 steps past the item recompute the dy its last inputs need.
+// Rows are read and written in place when contiguous and a whole number of vectors wide,
+// else staged; the cotangent of the final conv state is added to its inputs afterwards.
+template <class Real, int K>
+void conv_backward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_t t0,
+                        std::int64_t t1, std::byte* partial_bytes, std::byte* workspace) {
+  constexpr int W = kLanes<Real>;
+  constexpr std::int64_t S = kConvSub;
+  const std::int64_t cp = p.cpad, channels = p.channels;
+  const detail::Sequence& seq = p.seqs[s];
+  const std::int64_t len = seq.length, lo = t0 == 0 ? -(K - 1) : t0;
+  const std::int64_t vecs = (channels + W - 1) / W * W;
+  const bool whole = channels % W == 0;
+  const bool x_in_place = p.x_channel == 1 && whole;
+  const bool dx_in_place = p.dx_channel == 1 && whole;
+  const Real* x = reinterpret_cast<const Real*>(p.x);
+  const Real* dxh = reinterpret_cast<const Real*>(p.dxh);
+  Real* dx = reinterpret_cast<Real*>(p.dx);
+  Real* partial = reinterpret_cast<Real*>(partial_bytes);
+  Real* carry = reinterpret_cast<Real*>(workspace);  // K - 1 rows of dy
+  Real* x_stage = carry + (K - 1) * cp;              // K - 1 + S rows
+  Real* dxh_stage = x_stage + (K - 1 + S) * cp;      // S rows
+  Real* dx_stage = dxh_stage + S * cp;               // S rows
+  Real* zeros = dx_stage + S * cp;                   // 1 row: inputs past the sequence
+  fill<Real>(partial, (K + 1) * cp, 0);
+  fill<Real>(carry, (K - 1) * cp, 0);
+  fill<Real>(zeros, cp, 0);
+  const Real* rows[K - 1 + S];
+  const Real* drows[S];
+  Real* outs[S];
+  for (std::int64_t u0 = t0; u0 < t1 + K - 1; u0 += S) {
+    const std::int64_t n = min64(S, t1 + K - 1 - u0);
+    for (std::int64_t r = 0; r < K - 1 + n; ++r) {
+      const std::int64_t j = u0 - (K - 1) + r;
+      if (j >= len) {
+        rows[r] = zeros;  // past the sequence: never part of a y
+      } else if (j >= 0 && x_in_place) {
+        rows[r] = x + (seq.start + j) * p.x_token;
+      } else {
+        conv_input_row(p, s, j, x_stage + r * cp);
+        rows[r] = x_stage + r * cp;
+      }
+    }
+    for (std::int64_t r = 0; r < n && u0 + r < len; ++r) {
+      const Real* src = dxh + (seq.start + u0 + r) * channels;
+      if (whole) {
+        drows[r] = src;
+      } else {
+        gather_row(dxh_stage + r * cp, src, 1, channels, cp);
+        drows[r] = dxh_stage + r * cp;
+      }
+    }
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t j = u0 - (K - 1) + r;
+      outs[r] = j >= 0 && dx_in_place ? dx + (seq.start + j) * p.dx_token : dx_stage + r * cp;
+    }
+    for (std::int64_t v = 0; v < vecs; v += W) {
+      conv_backward_column<Real, K>(p, rows, drows, outs, v, u0, n, len, t1, lo, carry, partial);
+    }
+    // Staged dx rows to dx (a strided view or a channel tail) or to d conv_state (j < 0).
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t j = u0 - (K - 1) + r;
+      if (j < lo || (j >= 0 && dx_in_place)) continue;
+      if (j >= 0) {
+        scatter_row(dx + (seq.start + j) * p.dx_token, p.dx_channel, dx_stage + r * cp, channels);
+      } else if (p.d_state_in != nullptr) {
+        Real* d = reinterpret_cast<Real*>(p.d_state_in) + (s * (K - 1) + j + K - 1) * channels;
+        for (std::int64_t c = 0; c < channels; ++c) d[c] = dx_stage[r * cp + c];
+      }
+    }
+  }
+  // The final conv state holds inputs len - K + 1 .. len - 1: their cotangent adds to theirs.
+  if (p.d_state_out == nullptr) return;
+  const Real* d_out = reinterpret_cast<const Real*>(p.d_state_out) + s * (K - 1) * channels;
+  for (std::int64_t j = len - (K - 1) > lo ? len - (K - 1) : lo; j < t1; ++j) {
+    const Real* d = d_out + (j - (len - (K - 1))) * channels;
+    if (j >= 0) {
+      Real* row = dx + (seq.start + j) * p.dx_token;
+      for (std::int64_t c = 0; c < channels; ++c) row[c * p.dx_channel] += d[c];
+    } else if (p.d_state_in != nullptr) {
+      Real* row = reinterpret_cast<Real*>(p.d_state_in) + (s * (K - 1) + j + K - 1) * channels;
+      for (std::int64_t c = 0; c < channels; ++c) row[c] += d[c];
+    }
+  }
+}
+
 // Sequence s, tokens [t0, t1): dx of the block's inputs (and d conv_state for the first
 // block), and the block's partial d weight [K][cpad] and d bias [cpad] into `partial`.
 template <class Real>
 void conv_backward_item(const detail::ConvProblem& p, std::int64_t s, std::int64_t t0,
-                        std::int64_t t1, std::byte* partial_bytes, std::byte* workspace) {
-  constexpr int W = kLanes<Real>;
-  const std::int64_t k = p.taps, cp = p.cpad;
-  const detail::Sequence& seq = p.seqs[s];
-  const std::int64_t len = seq.length;
-  Real* ring = reinterpret_cast<Real*>(workspace);
-  Real* ring_dy = ring + k * cp;
-  Real* row = ring_dy + k * cp;
-  Real* partial = reinterpret_cast<Real*>(partial_bytes);
-  Real* dw = partial;
-  Real* db = partial + k * cp;
-  const Real* w = reinterpret_cast<const Real*>(p.weight);
-  fill<Real>(partial, (k + 1) * cp, 0);
-  for (std::int64_t i = 0; i < k; ++i) fill<Real>(ring_dy + i * cp, cp, 0);
-  for (std::int64_t j = t0 - (k - 1); j < t0; ++j)
-    conv_input_row(p, s, j, ring + ring_slot(j, k) * cp);
-
-  // dx_j (or d conv_state row j + K - 1 when j < 0), with dy_t for t in [0, len).
-  const std::int64_t first_kept = len - (k - 1);  // the final conv state's first input
-  auto finalize = [&](std::int64_t j) {
-    for (std::int64_t v = 0; v < cp; v += W) {
-      Vec<Real> acc{};
-      for (std::int64_t i = 0; i < k; ++i) {
-        const std::int64_t t = j + k - 1 - i;
-        if (t < 0 || t >= len) continue;
-        acc += load(w + i * cp + v) * load(ring_dy + ring_slot(t, k) * cp + v);
-      }
-      store(row + v, acc);
-    }
-    if (p.d_state_out != nullptr && j >= first_kept) {
-      const Real* d = reinterpret_cast<const Real*>(p.d_state_out) +
-                      (s * (k - 1) + (j - first_kept)) * p.channels;
-      for (std::int64_t c = 0; c < p.channels; ++c) row[c] += d[c];
-    }
-    if (j >= 0) {
-      Real* dx = reinterpret_cast<Real*>(p.dx) + (seq.start + j) * p.dx_token;
-      scatter_row(dx, p.dx_channel, row, p.channels);
-    } else if (p.d_state_in != nullptr) {
-      Real* d = reinterpret_cast<Real*>(p.d_state_in) + (s * (k - 1) + j + k - 1) * p.channels;
-      for (std::int64_t c = 0; c < p.channels; ++c) d[c] = row[c];
-    }
-  };
-  // This item finalises inputs [lo, t1): the first block also the conv-state rows.
-  const std::int64_t lo = t0 == 0 ? -(k - 1) : t0;
-  // dy for the block and the K - 1 tokens after it (their dy reaches the block's last inputs).
-  const std::int64_t t_end = t1 + k - 1 < len ? t1 + k - 1 : len;
-  const Real* rows[8];
-  for (std::int64_t t = t0; t < t_end; ++t) {
-    conv_input_row(p, s, t, ring + ring_slot(t, k) * cp);
-    ring_rows(ring, t, k, cp, rows);
-    const Real* dxh = reinterpret_cast<const Real*>(p.dxh) + (seq.start + t) * p.channels;
-    gather_row(row, dxh, 1, p.channels, cp);
-    Real* dy = ring_dy + ring_slot(t, k) * cp;
-    const bool own = t < t1;  // tokens past the block only lend their dy
-    for (std::int64_t v = 0; v < cp; v += W) {
-      const Vec<Real> y = conv_pre_activation(p, rows, v);
-      const Vec<Real> sig = vsigmoid<Real>(y);
-      const Vec<Real> d = load(row + v) * sig * (splat<Real>(1) + y * (splat<Real>(1) - sig));
-      store(dy + v, d);
-      if (own) {
-        store(db + v, load(db + v) + d);
-        for (std::int64_t i = 0; i < k; ++i) {
-          Real* dwi = dw + i * cp + v;
-          store(dwi, load(dwi) + d * load(rows[i] + v));
-        }
-      }
-    }
-    const std::int64_t j = t - k + 1;
-    if (j >= lo && j < t1) finalize(j);
+                        std::int64_t t1, std::byte* partial, std::byte* workspace) {
+  switch (p.taps) {
+    case 1:
+      return conv_backward_taps<Real, 1>(p, s, t0, t1, partial, workspace);
+    case 2:
+      return conv_backward_taps<Real, 2>(p, s, t0, t1, partial, workspace);
+    case 3:
+      return conv_backward_taps<Real, 3>(p, s, t0, t1, partial, workspace);
+    case 4:
+      return conv_backward_taps<Real, 4>(p, s, t0, t1, partial, workspace);
+    case 5:
+      return conv_backward_taps<Real, 5>(p, s, t0, t1, partial, workspace);
+    case 6:
+      return conv_backward_taps<Real, 6>(p, s, t0, t1, partial, workspace);
+    case 7:
+      return conv_backward_taps<Real, 7>(p, s, t0, t1, partial, workspace);
+    default:
+      return conv_backward_taps<Real, 8>(p, s, t0, t1, partial, workspace);
   }
-  for (std::int64_t j = t_end - k + 1 > lo ? t_end - k + 1 : lo; j < t1; ++j) finalize(j);
 }

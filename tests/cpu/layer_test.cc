@@ -234,6 +234,58 @@ TEST(CpuLayer, AwkwardChannelCount) {
   }
 }
 
+// qkv given as a transposed view (channel stride T) and d_qkv written through an interleaved
+// view (channel stride 2): the conv stages those rows instead of reading them in place, with
+// bit-identical results.
+TEST(CpuLayer, StridedQkvAndGradientViews) {
+  test::LayerSpec spec;
+  spec.lengths = {300, 2};  // a sequence spanning two conv items, one shorter than K - 1
+  spec.hk = 2;
+  spec.hv = 4;
+  spec.dk = 16;
+  spec.dv = 16;
+  spec.conv_state = true;
+  const test::LayerProblem p = test::make_layer_problem(spec);
+  const std::int64_t t = p.qkv.size(0), d = p.qkv.size(1);
+  Tensor transposed(DType::f32, {d, t});  // [D, T] memory holding qkv^T
+  for (std::int64_t i = 0; i < t; ++i) {
+    for (std::int64_t c = 0; c < d; ++c)
+      transposed.data<float>()[c * t + i] = p.qkv.data<float>()[i * d + c];
+  }
+  LayerBackwardInputs in = backward_inputs(p);
+  in.forward.qkv = TensorView(transposed.data<float>(), {t, d}, {1, t});
+  const LayerOptions o = p.options();
+  const Outputs contiguous = run_cpu(p, o);
+  const LayerForwardResult fwd = fused_gdn_fwd(in.forward, o);
+  EXPECT_TRUE(test::bit_identical(fwd.out, contiguous.fwd.out, "out"));
+  EXPECT_TRUE(
+      test::bit_identical(fwd.conv_state_out, contiguous.fwd.conv_state_out, "conv_state_out"));
+  LayerBackwardResult grads = fused_gdn_bwd(in, o);
+  Tensor wide(DType::f32, {t, 2 * d});
+  const LayerBackwardOutputs out{MutableTensorView(wide.data<float>(), {t, d}, {2 * d, 2}),
+                                 grads.d_a.mutable_view(),
+                                 grads.d_b.mutable_view(),
+                                 grads.d_conv_weight.mutable_view(),
+                                 grads.d_conv_bias.mutable_view(),
+                                 grads.d_A_log.mutable_view(),
+                                 grads.d_dt_bias.mutable_view(),
+                                 grads.d_conv_state.mutable_view(),
+                                 grads.d_recurrent_state.mutable_view()};
+  fused_gdn_bwd(in, out, o);
+  Tensor d_qkv(DType::f32, {t, d});
+  for (std::int64_t i = 0; i < t * d; ++i) d_qkv.data<float>()[i] = wide.data<float>()[2 * i];
+  EXPECT_TRUE(test::bit_identical(d_qkv, contiguous.bwd.d_qkv, "d_qkv through a strided view"));
+  EXPECT_TRUE(test::bit_identical(grads.d_qkv, contiguous.bwd.d_qkv, "d_qkv from transposed qkv"));
+  EXPECT_TRUE(
+      test::bit_identical(grads.d_conv_weight, contiguous.bwd.d_conv_weight, "d_conv_weight"));
+  EXPECT_TRUE(test::bit_identical(grads.d_conv_state, contiguous.bwd.d_conv_state, "d_conv_state"));
+  for (std::int64_t i = 0; i < t * d; ++i) {
+    ASSERT_EQ(wide.data<float>()[2 * i + 1], 0.0f) << "wrote between the view's elements";
+  }
+  const Outputs ref = run_ref(p, o);
+  EXPECT_TRUE(test::within(d_qkv, ref.bwd.d_qkv, kF32Tolerance, "d_qkv vs reference"));
+}
+
 // A conv output of at least 32 MiB (src/cpu/workspace.h: kConvStreamBytes) is written with
 // non-temporal stores: the forward still matches the reference, on every ISA.
 TEST(CpuLayer, LargeConvOutputStreamedPastTheCaches) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/compare.h"
+#include "common/layer_problem.h"
 #include "common/problem.h"
 #include "npy.h"
 
@@ -76,6 +77,42 @@ class Cli : public ::testing::Test {
     npy::save(path("in/cu_seqlens.npy"), cu32);
     return p;
   }
+  // Writes a layer problem: two sequences (one shorter than K - 1) with both initial states,
+  // a conv bias, conv_weight as [D, 1, K], int32 cu_seqlens, and the three cotangents.
+  test::LayerProblem write_layer_inputs() {
+    test::LayerSpec spec;
+    spec.lengths = {45, 2};
+    spec.hk = 2;
+    spec.hv = 4;
+    spec.dk = 16;
+    spec.dv = 8;
+    spec.conv_state = true;
+    spec.recurrent_state = true;
+    spec.weight_rank3 = true;
+    test::LayerProblem p = test::make_layer_problem(spec);
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"qkv", &p.qkv},
+                                  {"a", &p.a},
+                                  {"b", &p.b},
+                                  {"conv_weight", &p.conv_weight},
+                                  {"conv_bias", &p.conv_bias},
+                                  {"A_log", &p.A_log},
+                                  {"dt_bias", &p.dt_bias},
+                                  {"conv_state", &p.conv_state},
+                                  {"recurrent_state", &p.recurrent_state},
+                                  {"d_out", &p.d_out},
+                                  {"d_conv_state_out", &p.d_conv_state_out},
+                                  {"d_recurrent_state_out", &p.d_recurrent_state_out}}) {
+      npy::save(path(std::string("in/") + name + ".npy"), *t);
+    }
+    Tensor cu32(DType::i32, {3});
+    for (int i = 0; i < 3; ++i)
+      cu32.data<std::int32_t>()[i] =
+          static_cast<std::int32_t>(p.cu_seqlens.data<std::int64_t>()[i]);
+    npy::save(path("in/cu_seqlens.npy"), cu32);
+    return p;
+  }
+  static constexpr const char* kHeads = " --hk 2 --hv 4 --dk 16 --dv 8";
+
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   std::string io(const std::string& out = "out") const {
     return "--in '" + path("in") + "' --out '" + path(out) + "'";
@@ -227,6 +264,101 @@ TEST_F(Cli, BackwardRoundTripEqualsLibrary) {
       << mismatch.output;
 }
 
+TEST_F(Cli, LayerForwardRoundTripEqualsLibrary) {
+  const test::LayerProblem p = write_layer_inputs();
+  const Result run = gdn_cli("layer-forward " + io() + kHeads + " --residuals --threads 2");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const LayerForwardResult expected = fused_gdn_fwd(p.inputs(), p.options(), Residuals::all);
+  EXPECT_TRUE(test::bit_identical(npy::load(path("out/out.npy")), expected.out, "out.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("out/conv_state_out.npy")),
+                                  expected.conv_state_out, "conv_state_out.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("out/recurrent_state_out.npy")),
+                                  expected.recurrent_state_out, "recurrent_state_out.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("out/chunk_states.npy")), expected.chunk_states,
+                                  "chunk_states.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("out/t_inv.npy")), expected.t_inv, "t_inv.npy"));
+  // The float64 reference, and the CPU op within the float32 tolerance of it.
+  const Result ref_run = gdn_cli("layer-forward " + io("ref") + kHeads + " --reference");
+  ASSERT_EQ(ref_run.code, 0) << ref_run.output;
+  const Tensor ref_out = npy::load(path("ref/out.npy"));
+  EXPECT_EQ(ref_out.dtype(), DType::f64);
+  EXPECT_TRUE(test::bit_identical(ref_out, ref::fused_gdn_fwd(p.inputs(), p.options()).out,
+                                  "reference out.npy"));
+  EXPECT_TRUE(test::within(npy::load(path("out/out.npy")), ref_out, 1e-4, "out.npy vs reference"));
+}
+
+// Every gradient file equals the library call, from residual files and from each policy.
+TEST_F(Cli, LayerBackwardRoundTripEqualsLibrary) {
+  const test::LayerProblem p = write_layer_inputs();
+  const LayerBackwardInputs in{
+      p.inputs(), p.d_out.view(), p.d_conv_state_out.view(), p.d_recurrent_state_out.view(), {},
+      {}};
+  const LayerBackwardResult expected = fused_gdn_bwd(in, p.options());
+  const std::pair<const char*, const Tensor*> grads[] = {
+      {"d_qkv", &expected.d_qkv},
+      {"d_a", &expected.d_a},
+      {"d_b", &expected.d_b},
+      {"d_conv_weight", &expected.d_conv_weight},
+      {"d_conv_bias", &expected.d_conv_bias},
+      {"d_A_log", &expected.d_A_log},
+      {"d_dt_bias", &expected.d_dt_bias},
+      {"d_conv_state", &expected.d_conv_state},
+      {"d_recurrent_state", &expected.d_recurrent_state}};
+  auto expect_outputs = [&](const std::string& dir, const std::string& what) {
+    for (const auto& [name, t] : grads) {
+      EXPECT_TRUE(test::bit_identical(npy::load(path(dir + "/" + name + ".npy")), *t,
+                                      std::string(name) + ".npy, " + what));
+    }
+  };
+  for (const char* policy : {"all", "t_inv", "none"}) {
+    const Result run =
+        gdn_cli(std::string("layer-backward ") + io(policy) + kHeads + " --policy " + policy);
+    ASSERT_EQ(run.code, 0) << run.output;
+    expect_outputs(policy, std::string("policy ") + policy);
+  }
+  ASSERT_EQ(gdn_cli("layer-forward --in '" + path("in") + "' --out '" + path("in") + "'" + kHeads +
+                    " --residuals --quiet")
+                .code,
+            0);
+  const Result files = gdn_cli("layer-backward " + io("files") + kHeads + " --threads 1");
+  ASSERT_EQ(files.code, 0) << files.output;
+  EXPECT_NE(files.output.find("chunk_states.npy and t_inv.npy from"), std::string::npos)
+      << files.output;
+  expect_outputs("files", "residual files, 1 thread");
+  const Result ref_run = gdn_cli("layer-backward " + io("ref") + kHeads + " --reference");
+  ASSERT_EQ(ref_run.code, 0) << ref_run.output;
+  const LayerBackwardResult ref_expected = ref::fused_gdn_bwd(in, p.options());
+  EXPECT_TRUE(test::bit_identical(npy::load(path("ref/d_qkv.npy")), ref_expected.d_qkv,
+                                  "reference d_qkv.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("ref/d_A_log.npy")), ref_expected.d_A_log,
+                                  "reference d_A_log.npy"));
+}
+
+TEST_F(Cli, LayerErrorsNameTheFileOrOption) {
+  write_layer_inputs();
+  const Result heads = gdn_cli("layer-forward " + io() + " --hk 2 --hv 4 --dk 16");
+  EXPECT_EQ(heads.code, 2);
+  EXPECT_NE(heads.output.find("option '--dv' is required"), std::string::npos) << heads.output;
+  const Result layout = gdn_cli("layer-forward " + io() + " --hk 2 --hv 4 --dk 16 --dv 9");
+  EXPECT_EQ(layout.code, 1);
+  EXPECT_NE(layout.output.find("qkv.npy (qkv)"), std::string::npos) << layout.output;
+  const Result group = gdn_cli("layer-forward " + io() + " --hk 3 --hv 4 --dk 16 --dv 8");
+  EXPECT_EQ(group.code, 2);
+  EXPECT_NE(group.output.find("option '--hv'"), std::string::npos) << group.output;
+  npy::save(path("in/conv_weight.npy"), Tensor(DType::f32, {96, 9}));  // D = 96
+  const Result taps = gdn_cli("layer-forward " + io() + kHeads);
+  EXPECT_EQ(taps.code, 1);
+  EXPECT_NE(taps.output.find("conv_weight.npy (conv_weight)': expected K from 1 to 8"),
+            std::string::npos)
+      << taps.output;
+  write_layer_inputs();
+  fs::remove(path("in/d_out.npy"));
+  const Result missing = gdn_cli("layer-backward " + io() + kHeads);
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.output.find("d_out.npy: cannot open"), std::string::npos) << missing.output;
+  EXPECT_FALSE(fs::exists(path("out"))) << "outputs written despite bad inputs";
+}
+
 TEST_F(Cli, UsageErrors) {
   write_inputs();
   const Result unknown = gdn_cli("forward " + io() + " --chunksize 32");
@@ -251,8 +383,10 @@ TEST_F(Cli, UsageErrors) {
 }
 
 TEST_F(Cli, HelpShowsExamples) {
-  for (const char* args : {"--help", "forward --help", "backward --help", "bench --help",
-                           "help forward", "help backward"}) {
+  for (const char* args :
+       {"--help", "forward --help", "backward --help", "bench --help", "help forward",
+        "help backward", "layer-forward --help", "layer-backward --help", "help layer-forward",
+        "bench --op layer --help", "bench --op conv --help"}) {
     const Result run = gdn_cli(args);
     EXPECT_EQ(run.code, 0) << args;
     EXPECT_NE(run.output.find("examples:"), std::string::npos) << args << ": " << run.output;
@@ -280,6 +414,40 @@ TEST_F(Cli, BenchJsonLines) {
   }
   EXPECT_EQ(lines, 6) << run.output;  // 3 forward cases, backward under 3 policies
   EXPECT_NE(run.output.find("PASS"), std::string::npos) << run.output;
+}
+
+// The layer and conv benchmarks on small problems: the checks pass and every JSON line carries
+// the fields docs/perf.md reads.
+TEST_F(Cli, BenchLayerAndConvJsonLines) {
+  const Result layer = gdn_cli("bench --op layer --seq 70 --repeats 1 --json --threads 2");
+  ASSERT_EQ(layer.code, 0) << layer.output;
+  const Result conv =
+      gdn_cli("bench --op=conv --channels 300 --seq 600 --decode-seqs 3 --repeats 2 --json");
+  ASSERT_EQ(conv.code, 0) << conv.output;
+  auto count = [](const std::string& output, const std::vector<const char*>& fields) {
+    int lines = 0;
+    std::size_t at = 0;
+    while ((at = output.find("{\"op\": ", at)) != std::string::npos) {
+      const std::string line = output.substr(at, output.find('}', at) - at);
+      for (const char* field : fields) {
+        EXPECT_NE(line.find(field), std::string::npos) << field << " missing in " << line;
+      }
+      ++lines;
+      ++at;
+    }
+    return lines;
+  };
+  EXPECT_EQ(count(layer.output, {"\"model\"", "\"tokens\"", "\"channels\"", "\"median_ms\"",
+                                 "\"pct_peak\"", "\"peak_rss_bytes\"", "\"check_error\""}),
+            4)  // two models, forward and backward
+      << layer.output;
+  EXPECT_NE(layer.output.find("\"op\": \"layer-backward-all\""), std::string::npos);
+  EXPECT_EQ(count(conv.output, {"\"median_ms\"", "\"gbytes_per_s\"", "\"check_error\""}), 4)
+      << conv.output;  // memcpy, conv forward, decode, backward
+  EXPECT_EQ(layer.output.find("FAIL"), std::string::npos) << layer.output;
+  const Result bad = gdn_cli("bench --op attention");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("'--op'"), std::string::npos) << bad.output;
 }
 
 }  // namespace

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""NumPy interoperability of `gdn forward`, checked against an independent NumPy recurrence.
+"""NumPy interoperability of `gdn forward` and `gdn layer-forward`, checked against an
+independent NumPy implementation.
 
 Writes inputs with np.save exactly as a framework dump would, runs the gdn tool, reads its
 outputs with np.load, and compares them with the gated delta rule written here in float64
 NumPy straight from docs/math.md (a second, independent implementation of the definition):
 
     alpha = exp(g);  u = beta (v - alpha S^T k);  S = alpha S + k u^T;  o = scale S^T q
+
+and, for the layer op (docs/math.md section 6), the causal conv1d + SiLU, the split into
+q | k | v heads and the gates beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias) before it.
 
 Usage: numpy_interop_test.py PATH/TO/gdn
 """
@@ -38,6 +42,32 @@ def recurrence(q, k, v, g, beta, cu_seqlens, h0, l2norm, scale):
                 o[t, h] = scale * (S.T @ q[t, kh])
             ht[s, h] = S
     return o, ht
+
+
+def layer(qkv, a, b, w, bias, A_log, dt_bias, conv_state, h0, cu_seqlens, hk, hv, dk, dv):
+    """The fused layer op in float64 NumPy: out [T, Hv Dv], conv_state_out, recurrent_state_out."""
+    qkv, a, b, w, bias, A_log, dt_bias, conv_state = (
+        x.astype(np.float64) for x in (qkv, a, b, w, bias, A_log, dt_bias, conv_state))
+    T, D = qkv.shape
+    K = w.shape[-1]
+    w = w.reshape(D, K)
+    xh = np.zeros((T, D))
+    state_out = np.zeros_like(conv_state)
+    for s in range(len(cu_seqlens) - 1):
+        lo, hi = cu_seqlens[s], cu_seqlens[s + 1]
+        x = np.concatenate([conv_state[s], qkv[lo:hi]])  # the K - 1 inputs before, then the sequence
+        for t in range(hi - lo):
+            y = (w * x[t:t + K].T).sum(-1) + bias
+            xh[lo + t] = y / (1 + np.exp(-y))
+        state_out[s] = x[len(x) - (K - 1):]
+    q = xh[:, :hk * dk].reshape(T, hk, dk)
+    k = xh[:, hk * dk:2 * hk * dk].reshape(T, hk, dk)
+    v = xh[:, 2 * hk * dk:].reshape(T, hv, dv)
+    z = a + dt_bias
+    g = -np.exp(A_log) * np.logaddexp(0, z)
+    beta = 1 / (1 + np.exp(-b))
+    o, ht = recurrence(q, k, v, g, beta, cu_seqlens, h0, True, dk ** -0.5)
+    return o.reshape(T, hv * dv), state_out, ht
 
 
 def normalized_error(x, ref):
@@ -114,9 +144,57 @@ def main():
         if code != 1 or "v.npy" not in out or "ascontiguousarray" not in out:
             failures.append(f"Fortran-order v.npy: exit {code}, output {out!r}")
 
+        failures += check_layer(gdn, rng, tmp)
+
     for f in failures:
         print("FAIL:", f)
     return 1 if failures else 0
+
+
+def check_layer(gdn, rng, tmp):
+    """`gdn layer-forward` (float32 kernels and the float64 reference) against layer()."""
+    failures = []
+    cu = np.array([0, 2, 40, 71], dtype=np.int32)  # int32 boundaries; a sequence shorter than K - 1
+    T, hk, hv, dk, dv, K = int(cu[-1]), 2, 4, 16, 12, 4
+    D = 2 * hk * dk + hv * dv
+    inputs = {
+        "qkv": rng.standard_normal((T, D), dtype=np.float32),
+        "a": rng.standard_normal((T, hv), dtype=np.float32),
+        "b": rng.standard_normal((T, hv), dtype=np.float32),
+        "conv_weight": (0.5 * rng.standard_normal((D, 1, K))).astype(np.float32),
+        "conv_bias": (0.2 * rng.standard_normal(D)).astype(np.float32),
+        "A_log": rng.uniform(-2, 1, hv).astype(np.float32),
+        "dt_bias": rng.uniform(-1, 1, hv).astype(np.float32),
+        "conv_state": rng.standard_normal((3, K - 1, D), dtype=np.float32),
+        "recurrent_state": 0.5 * rng.standard_normal((3, hv, dk, dv), dtype=np.float32),
+        "cu_seqlens": cu,
+    }
+    src = os.path.join(tmp, "layer_in")
+    os.makedirs(src)
+    for name, array in inputs.items():
+        np.save(os.path.join(src, name + ".npy"), array)
+    want = layer(inputs["qkv"], inputs["a"], inputs["b"], inputs["conv_weight"], inputs["conv_bias"],
+                 inputs["A_log"], inputs["dt_bias"], inputs["conv_state"], inputs["recurrent_state"],
+                 cu.astype(np.int64), hk, hv, dk, dv)
+    heads = ["--hk", str(hk), "--hv", str(hv), "--dk", str(dk), "--dv", str(dv)]
+    names = ("out", "conv_state_out", "recurrent_state_out")
+    for engine, extra, tolerance in (("float32 kernels", [], 1e-4), ("C++ float64 reference", ["--reference"], 1e-12)):
+        out_dir = os.path.join(tmp, "layer_" + ("ref" if extra else "fast"))
+        code, out = run(gdn, "layer-forward", "--in", src, "--out", out_dir, *heads, *extra)
+        if code != 0:
+            failures.append(f"gdn layer-forward {' '.join(extra)} failed: {out}")
+            continue
+        for name, ref in zip(names, want):
+            x = np.load(os.path.join(out_dir, name + ".npy"))
+            err = normalized_error(x, ref)
+            print(f"layer-forward, {engine} vs NumPy float64, {name}: error {err:.2e}")
+            if x.shape != ref.shape or not err <= tolerance:
+                failures.append(f"layer {engine} {name}: shape {x.shape}, error {err:.3g} > {tolerance}")
+    # The conv state is raw inputs: copied exactly.
+    state = np.load(os.path.join(tmp, "layer_fast", "conv_state_out.npy"))
+    if not np.array_equal(state, want[1].astype(np.float32)):
+        failures.append("conv_state_out is not the last K - 1 raw inputs")
+    return failures
 
 
 if __name__ == "__main__":
