@@ -30,8 +30,9 @@ backward from the residuals a forward kept (chunk_states and T^-1, untimed forwa
 none instead when the problem would not fit in the available memory, which the output says).
 For each: median latency with min and max, us per token*head, GFLOP/s from the cost model
 (bench/cost_model.h: the gated delta rule plus the conv's multiply-adds), %% of the fp32 FMA
-peak measured in the same run, the process's peak RSS during the case, and the bytes of
-residuals. Before timing, every case is checked against the float64 reference on a slice (the
+peak measured in the same run, the process's peak RSS during the case, the bytes of
+residuals, and beside each the gated delta rule alone on the same shape and residuals, timed
+in the same run (core ms; x core is the layer's median over it). Before timing, every case is checked against the float64 reference on a slice (the
 first tokens, the first key head and its value heads); a failed check stops the benchmark.
 
 models (conv K = 4, no conv bias, Dk = Dv = 128):
@@ -265,6 +266,61 @@ struct Row {
   std::string text;
 };
 
+// Times the gated delta rule alone at the layer's shape: q, k, v are column views of qkv
+// (as the layer's are of xh), g and beta the layer's gates; the backward from the residuals
+// `kept` (an untimed forward), its dq, dk, dv written into column views of one [T, D] array.
+Timing time_core(const LayerData& d, bool backward, Residuals kept, int repeats,
+                 const std::string& label) {
+  const Model& m = d.model;
+  const std::int64_t t = d.tokens, dd = d.channels, qk = m.hk * m.dk;
+  Tensor g(DType::f32, {t, m.hv}), beta(DType::f32, {t, m.hv});
+  for (std::int64_t h = 0; h < m.hv; ++h) {
+    const double a_scale = std::exp(d.A_log.data<float>()[h]);
+    for (std::int64_t i = 0; i < t; ++i) {
+      const double z = d.a.data<float>()[i * m.hv + h] + d.dt_bias.data<float>()[h];
+      g.data<float>()[i * m.hv + h] = static_cast<float>(-a_scale * std::log1p(std::exp(z)));
+      beta.data<float>()[i * m.hv + h] =
+          static_cast<float>(1 / (1 + std::exp(-d.b.data<float>()[i * m.hv + h])));
+    }
+  }
+  const float* x = d.qkv.data<float>();
+  const ForwardInputs in{TensorView(x, {t, m.hk, m.dk}, {dd, m.dk, 1}),
+                         TensorView(x + qk, {t, m.hk, m.dk}, {dd, m.dk, 1}),
+                         TensorView(x + 2 * qk, {t, m.hv, m.dv}, {dd, m.dv, 1}),
+                         g.view(),
+                         beta.view(),
+                         {},
+                         d.cu.view()};
+  ForwardOptions options;
+  options.use_qk_l2norm = true;
+  options.threads = d.options.threads;
+  options.isa = d.options.isa;
+  if (!backward) {
+    Tensor o(DType::f32, {t, m.hv, m.dv}), state(DType::f32, {1, m.hv, m.dk, m.dv});
+    auto run = [&] {
+      chunk_gated_delta_rule_fwd(in, {o.mutable_view(), state.mutable_view(), {}, {}}, options);
+    };
+    run();  // warm-up
+    return time_runs(run, repeats, label);
+  }
+  const ForwardResult res = chunk_gated_delta_rule_fwd(in, options, kept);
+  BackwardInputs bin = BackwardInputs::from(in);
+  bin.d_o = TensorView(d.d_out.data<float>(), {t, m.hv, m.dv});
+  bin.chunk_states = res.chunk_states.view();
+  bin.t_inv = res.t_inv.view();
+  Tensor dxh(DType::f32, {t, dd}), dg(DType::f32, {t, m.hv}), dbeta(DType::f32, {t, m.hv});
+  float* dx = dxh.data<float>();
+  const BackwardOutputs out{MutableTensorView(dx, {t, m.hk, m.dk}, {dd, m.dk, 1}),
+                            MutableTensorView(dx + qk, {t, m.hk, m.dk}, {dd, m.dk, 1}),
+                            MutableTensorView(dx + 2 * qk, {t, m.hv, m.dv}, {dd, m.dv, 1}),
+                            dg.mutable_view(),
+                            dbeta.mutable_view(),
+                            {}};
+  auto run = [&] { chunk_gated_delta_rule_bwd(bin, out, options); };
+  run();  // warm-up
+  return time_runs(run, repeats, label);
+}
+
 }  // namespace
 
 int bench_layer_command(int argc, char** argv) {
@@ -400,6 +456,10 @@ int bench_layer_command(int argc, char** argv) {
           t = time_runs(run, repeats, label);
         }
         t.peak_rss = peak_rss_bytes();
+        // The baseline of the same run: the gated delta rule alone on the same shape, reading
+        // q, k, v as the layer does (column views of a [T, D] array: qkv stands in for xh).
+        progress("  %s: the gated delta rule alone...", label.c_str());
+        const Timing core = time_core(d, bwd, kept, repeats, label + " (gated delta rule alone)");
         const double us_per = t.median_ms * 1e3 / static_cast<double>(tokens * m.hv);
         const double gflops = flops / (t.median_ms * 1e-3) * 1e-9;
         const std::string op = bwd ? std::string("layer-backward-") + residuals_name(kept)
@@ -412,37 +472,42 @@ int bench_layer_command(int argc, char** argv) {
               "\"chunk_size\": 64, \"repeats\": %d, \"median_ms\": %.4f, \"min_ms\": %.4f, "
               "\"max_ms\": %.4f, \"us_per_token_head\": %.5f, \"gflops\": %.2f, "
               "\"peak_gflops\": %.2f, \"pct_peak\": %.2f, \"residual_bytes\": %lld, "
-              "\"peak_rss_bytes\": %lld, \"check_error\": %.3e}\n",
+              "\"peak_rss_bytes\": %lld, \"core_median_ms\": %.4f, \"vs_core\": %.3f, "
+              "\"check_error\": %.3e}\n",
               op.c_str(), m.name, bwd ? residuals_name(kept) : "none", cpu_isa_name(isa), threads,
               static_cast<long long>(tokens), static_cast<long long>(m.hk),
               static_cast<long long>(m.hv), static_cast<long long>(m.dk),
               static_cast<long long>(m.dv), static_cast<long long>(d.channels),
               static_cast<long long>(kTaps), repeats, t.median_ms, t.min_ms, t.max_ms, us_per,
               gflops, peak, 100 * gflops / peak, static_cast<long long>(residual_bytes),
-              static_cast<long long>(t.peak_rss), error);
+              static_cast<long long>(t.peak_rss), core.median_ms, t.median_ms / core.median_ms,
+              error);
           std::fflush(stdout);
         } else {
-          char range[64], row[256];
+          char range[64], row[320];
           std::snprintf(range, sizeof range, "(%.1f - %.1f)", t.min_ms, t.max_ms);
           std::snprintf(row, sizeof row,
-                        "%-13s %6lld  %-20s %10.1f %19s %11.3f %8.1f %6.1f%% %12.1f %12.1f\n",
+                        "%-13s %6lld  %-20s %10.1f %19s %11.3f %8.1f %6.1f%% %10.1f %10.1f %9.1f "
+                        "%6.2fx\n",
                         m.name, static_cast<long long>(tokens), op.c_str(), t.median_ms, range,
                         us_per, gflops, 100 * gflops / peak,
                         static_cast<double>(residual_bytes) / (1 << 20),
-                        static_cast<double>(t.peak_rss) / (1 << 20));
+                        static_cast<double>(t.peak_rss) / (1 << 20), core.median_ms,
+                        t.median_ms / core.median_ms);
           rows.push_back(row);
         }
       }
     }
   }
   if (!json) {
-    std::printf("\n%-13s %6s  %-20s %10s %19s %11s %8s %7s %12s %12s\n", "model", "tokens", "op",
-                "median ms", "(min - max)", "us/tok*head", "GFLOP/s", "% peak", "resid MiB",
-                "peak RSS MiB");
+    std::printf("\n%-13s %6s  %-20s %10s %19s %11s %8s %7s %10s %10s %9s %7s\n", "model", "tokens",
+                "op", "median ms", "(min - max)", "us/tok*head", "GFLOP/s", "% peak", "resid MiB",
+                "RSS MiB", "core ms", "x core");
     for (const std::string& row : rows) std::fputs(row.c_str(), stdout);
     std::printf(
         "\nus/tok*head is wall time / (tokens x value heads) with %d thread%s; per core multiply "
-        "by %d.\n",
+        "by %d.\ncore ms: the gated delta rule alone on the same shape and residuals, same run; "
+        "x core: the layer op's median over it.\n",
         threads, threads == 1 ? "" : "s", threads);
   }
   return 0;
