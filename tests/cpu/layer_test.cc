@@ -3,7 +3,7 @@
 // and dt_bias gradients in direction and size; continuation over two calls; determinism.
 //
 // Tolerance (docs/numerics.md): float32 results within 1e-4 of the float64 reference in the
-// shared metric (bench/error_stats.h); measured at most 1.9e-5 over this matrix. float64
+// shared metric (bench/error_stats.h); measured at most 3.0e-5 over this matrix. float64
 // within 1e-12.
 #include <gtest/gtest.h>
 
@@ -287,7 +287,8 @@ TEST(CpuLayer, StridedQkvAndGradientViews) {
 }
 
 // A conv output of at least 32 MiB (src/cpu/workspace.h: kConvStreamBytes) is written with
-// non-temporal stores: the forward still matches the reference, on every ISA.
+// non-temporal stores where a vector is a whole cache line (AVX-512), with cached stores
+// elsewhere: the forward matches the reference on every ISA either way.
 TEST(CpuLayer, LargeConvOutputStreamedPastTheCaches) {
   test::LayerSpec spec;
   spec.lengths = {4000, 96};  // 4096 tokens x D = 2048 channels of float: 32 MiB

@@ -29,10 +29,12 @@ model shapes below, one sequence of each length: the forward (no residuals kept)
 backward from the residuals a forward kept (chunk_states and T^-1, untimed forward; t_inv or
 none instead when the problem would not fit in the available memory, which the output says).
 For each: median latency with min and max, us per token*head, GFLOP/s from the cost model
-(bench/cost_model.h: the gated delta rule plus the conv's multiply-adds), %% of the fp32 FMA
+(bench/cost_model.h: the gated delta rule's forward or backward, plus the conv's
+multiply-adds, 3x in the backward: recomputed, dx, d weight), %% of the fp32 FMA
 peak measured in the same run, the process's peak RSS during the case, the bytes of
 residuals, and beside each the gated delta rule alone on the same shape and residuals, timed
-in the same run (core ms; x core is the layer's median over it). Before timing, every case is checked against the float64 reference on a slice (the
+in the same run (core ms; x core is the layer's median over it). Before timing, every case
+is checked against the float64 reference on a slice (the
 first tokens, the first key head and its value heads); a failed check stops the benchmark.
 
 models (conv K = 4, no conv bias, Dk = Dv = 128):
@@ -54,7 +56,8 @@ sequence, no conv bias): the forward (prefill), a decode step over a batch of se
 token each, conv state in), and the backward (dx, d weight, d bias); beside a memcpy of the
 conv's input bytes, measured in the same run: the conv reads and writes as many bytes as that
 copy, so the copy is its floor. Each kernel is first checked against a float64 evaluation of
-the same conv on the first tokens.
+the same conv on the first tokens (the backward's dx; its d weight and d bias sum over every
+token and are checked against the reference by the test suite, tests/cpu/layer_test.cc).
 
 The default is the size ggml's conv + SiLU was measured at (docs/perf.md): 8192 channels x
 8192 tokens, K = 4.
@@ -401,7 +404,7 @@ int bench_layer_command(int argc, char** argv) {
                                                    : bench::rebuild_flops_per_chunk(
                                                          n, m.dk, m.dv, kept == Residuals::none));
                                      }) +
-                      core_fwd + 3 * conv_fwd  // recomputed conv + core forward, conv backward
+                      3 * conv_fwd  // the recomputed conv forward and the conv backward
                 : core_fwd + conv_fwd;
         const std::string label = std::string(m.name) + " " + std::to_string(tokens) + " " +
                                   (bwd ? "backward" : "forward");
@@ -699,14 +702,13 @@ int bench_conv_command(int argc, char** argv) {
           memcpy_ms > 0 && c.op != "conv-decode" ? t.median_ms / memcpy_ms : 0.0, error);
       std::fflush(stdout);
     } else {
-      char range[64], row[256];
+      char range[64], ratio[32], row[256];
       std::snprintf(range, sizeof range, "(%.2f - %.2f)", t.min_ms, t.max_ms);
+      std::snprintf(ratio, sizeof ratio, "%.2fx", memcpy_ms > 0 ? t.median_ms / memcpy_ms : 0.0);
       std::snprintf(row, sizeof row, "%-14s %8lld %10.3f %19s %12.1f %8.1f %11s\n", c.op.c_str(),
                     static_cast<long long>(rows_of_case), t.median_ms, range,
                     t.median_ms * 1e6 / static_cast<double>(rows_of_case), gbps,
-                    c.op == "memcpy" || c.op == "conv-decode"
-                        ? "-"
-                        : (std::to_string(t.median_ms / memcpy_ms).substr(0, 4) + "x").c_str());
+                    c.op == "memcpy" || c.op == "conv-decode" ? "-" : ratio);
       rows.push_back(row);
     }
   }

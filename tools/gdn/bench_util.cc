@@ -50,7 +50,7 @@ std::int64_t parse_token_count(const std::string& option, const std::string& giv
   }
   char* end = nullptr;
   const long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || value < 1 || value * multiplier > (std::int64_t{1} << 24)) {
+  if (text.empty() || *end != '\0' || value < 1 || value > (std::int64_t{1} << 24) / multiplier) {
     throw UsageError("option '--" + option +
                      "': expected a token count such as 8192, 8k or 64k, given '" + given + "'");
   }
