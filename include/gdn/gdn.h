@@ -7,4 +7,5 @@
 #include "gdn/layer.h"      // IWYU pragma: export
 #include "gdn/reference.h"  // IWYU pragma: export
 #include "gdn/runtime.h"    // IWYU pragma: export
+#include "gdn/step.h"       // IWYU pragma: export
 #include "gdn/tensor.h"     // IWYU pragma: export

@@ -87,6 +87,9 @@ struct ConvProblem {
   const std::byte* weight = nullptr;    // [taps][cpad]
   const std::byte* bias = nullptr;      // [cpad]
   const std::byte* state_in = nullptr;  // [N][taps - 1][channels], null: zeros
+  // Forward only: when set, sequence s's conv state is block state_block[s] of state_in
+  // (blocks of [taps - 1][channels], e.g. a pool's slots), and -1 means zeros.
+  const std::int64_t* state_block = nullptr;
 
   std::byte* xh = nullptr;  // forward output [tokens][channels]
 
@@ -97,6 +100,32 @@ struct ConvProblem {
   std::byte* dweight = nullptr;     // [taps][cpad]
   std::byte* dbias = nullptr;       // [cpad]
   std::byte* d_state_in = nullptr;  // [N][taps - 1][channels], null: not wanted
+};
+
+// The decodes of a serving step (gdn/step.h), after the conv: per sequence a window of one
+// or more tokens whose recurrent state starts from a pool slot (or zeros) and is written, after
+// each token t, into slot write_slot[s] + t. Tokens are rows [token_start[s],
+// token_start[s + 1]) of xh, g, beta and out. Work items are (sequence, value head, block of
+// value columns); value columns are independent in the delta rule, so the split changes no
+// result.
+struct DecodeProblem {
+  std::int64_t num_seqs = 0, hk = 0, hv = 0, dk = 0, dv = 0, channels = 0;
+  std::int64_t vblocks = 1;  // value-column blocks per head
+  DType dtype = DType::f32;  // of every buffer, the pool and out
+  double scale = 1.0;        // of q, after its L2 norm
+
+  const std::int64_t* token_start = nullptr;  // [num_seqs + 1]
+  const std::int64_t* write_slot = nullptr;   // [num_seqs]
+  const std::int64_t* read_slot = nullptr;    // [num_seqs], -1: start from zeros
+
+  const std::byte* xh = nullptr;    // [tokens][channels]: q heads | k heads | v heads
+  const std::byte* g = nullptr;     // [tokens][hv], log decay
+  const std::byte* beta = nullptr;  // [tokens][hv]
+
+  std::byte* state = nullptr;  // the pool: slot x at state + x * slot_elements, [Hv][Dk][Dv]
+  std::int64_t slot_elements = 0;
+  std::byte* out = nullptr;  // element (token, h Dv + j) at out + token * out_token + (h Dv + j)
+  std::int64_t out_token = 0, out_channel = 0;  // * out_channel
 };
 
 }  // namespace gdn::detail

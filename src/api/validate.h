@@ -7,6 +7,7 @@
 #include "gdn/backward.h"
 #include "gdn/forward.h"
 #include "gdn/layer.h"
+#include "gdn/step.h"
 
 namespace gdn::detail {
 
@@ -79,5 +80,25 @@ void validate_layer_backward(const LayerBackwardInputs& inputs, const LayerBackw
 // Checks the inputs and options alone (for allocating forms).
 void validate_layer_inputs(const LayerInputs& inputs, const LayerOptions& options,
                            ValidatedLayer* result);
+
+// A validated serving step (gdn/step.h): the layer's facts plus the batch, read out of the
+// index tensors. Sequences [0, decode_end) are decodes, [decode_end, mixed_end) prefills.
+class ValidatedStep {
+ public:
+  ValidatedStep() = default;
+  ValidatedStep(const ValidatedStep&) = delete;
+  ValidatedStep& operator=(const ValidatedStep&) = delete;
+
+  ValidatedLayer layer;  // tokens, channels, taps, dtype (one sequence of every token)
+  std::int64_t num_slots = 0, decode_end = 0, mixed_end = 0;
+  std::vector<std::int64_t> query_start;  // [mixed_end + 1]
+  std::vector<std::int64_t> write_slot;   // [mixed_end]: the first slot each sequence writes
+  std::vector<std::int64_t> read_slot;    // [mixed_end]: the slot it starts from, -1: zeros
+};
+
+// Checks a step (inputs, options, pools, out, the batch's slots; gdn/step.h lists the rules).
+// Throws gdn::InvalidArgument before anything is written.
+void validate_step(const StepInputs& inputs, const StatePools& pools, const MutableTensorView& out,
+                   const StepOptions& options, OutputPrecision precision, ValidatedStep* result);
 
 }  // namespace gdn::detail

@@ -38,11 +38,12 @@ inline void conv_input_row(const detail::ConvProblem& p, std::int64_t s, std::in
     } else {
       gather_row(row, src, p.x_channel, p.channels, p.cpad);
     }
-  } else if (p.state_in == nullptr) {
+  } else if (p.state_in == nullptr || (p.state_block != nullptr && p.state_block[s] < 0)) {
     fill<Real>(row, p.cpad, 0);
   } else {
+    const std::int64_t block = p.state_block != nullptr ? p.state_block[s] : s;
     const Real* src = reinterpret_cast<const Real*>(p.state_in) +
-                      (s * (p.taps - 1) + p.taps - 1 + j) * p.channels;
+                      (block * (p.taps - 1) + p.taps - 1 + j) * p.channels;
     gather_row(row, src, 1, p.channels, p.cpad);
   }
 }

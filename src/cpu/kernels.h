@@ -39,6 +39,11 @@ using ConvBackwardFn = void (*)(const detail::ConvProblem& problem, std::int64_t
                                 std::int64_t t0, std::int64_t t1, std::byte* partial,
                                 std::byte* workspace);
 
+// One decode work item of a serving step: item = (seq * hv + head) * vblocks + block. The
+// workspace holds decode_workspace_bytes(problem) bytes.
+using DecodeItemFn = void (*)(const detail::DecodeProblem& problem, std::int64_t item,
+                              std::byte* workspace);
+
 struct KernelTable {
   CpuIsa isa;
   ForwardItemFn chunked_f32;
@@ -51,6 +56,8 @@ struct KernelTable {
   ConvForwardFn conv_forward_f64;
   ConvBackwardFn conv_backward_f32;
   ConvBackwardFn conv_backward_f64;
+  DecodeItemFn decode_f32;
+  DecodeItemFn decode_f64;
   // Runs `iterations` rounds of independent fp32 FMA chains at this variant's vector width
   // and returns a value that depends on all of them. FLOPs = iterations * fma_flops_per_round.
   float (*fma_peak_loop)(std::int64_t iterations);
@@ -78,6 +85,9 @@ std::size_t backward_workspace_bytes(const detail::BackwardProblem& problem, std
 // d weight and d bias.
 std::size_t conv_workspace_bytes(const detail::ConvProblem& problem);
 std::int64_t conv_partial_elements(const detail::ConvProblem& problem);
+
+// A decode item's workspace in bytes.
+std::size_t decode_workspace_bytes(const detail::DecodeProblem& problem);
 
 // fp32 FMA throughput of `threads` threads running the variant's peak loop, in GFLOP/s:
 // the best of a few short runs (about `seconds` in total).

@@ -1,4 +1,4 @@
-// layer.cc: the conv1d + SiLU drivers (see layer.h).
+// layer.cc: the conv1d + SiLU drivers and the decode driver (see layer.h).
 #include "cpu/layer.h"
 
 #include <cstring>
@@ -76,6 +76,14 @@ void conv_backward(const detail::ConvProblem& p, CpuIsa isa, int threads) {
   } else {
     sum_partials<float>(p, partials.data(), count);
   }
+}
+
+void decode(const detail::DecodeProblem& p, CpuIsa isa, int threads) {
+  const KernelTable& table = kernel_table(isa);
+  const DecodeItemFn fn = p.dtype == DType::f64 ? table.decode_f64 : table.decode_f32;
+  for_each_item(threads > 0 ? threads : default_threads(), p.num_seqs * p.hv * p.vblocks,
+                decode_workspace_bytes(p),
+                [&](std::int64_t item, std::byte* workspace) { fn(p, item, workspace); });
 }
 
 }  // namespace gdn::cpu

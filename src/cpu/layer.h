@@ -1,4 +1,5 @@
-// layer.h: the CPU backend's conv1d + SiLU drivers for the fused layer op.
+// layer.h: the CPU backend's conv1d + SiLU drivers for the fused layer op, and the decode
+// driver of a serving step.
 #pragma once
 
 #include "api/problem.h"
@@ -13,5 +14,9 @@ void conv_forward(const detail::ConvProblem& problem, CpuIsa isa, int threads);
 // dx, d conv_state, d weight and d bias; the same items, each writing its partial d weight
 // and d bias, summed afterwards in item order (bit-identical for any thread count).
 void conv_backward(const detail::ConvProblem& problem, CpuIsa isa, int threads);
+
+// The decodes of a serving step (src/cpu/decode-inl.h): items of (sequence, value head, block
+// of value columns), problem.vblocks blocks per head.
+void decode(const detail::DecodeProblem& problem, CpuIsa isa, int threads);
 
 }  // namespace gdn::cpu

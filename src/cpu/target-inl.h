@@ -34,6 +34,7 @@ namespace {
 #include "cpu/chunked_bwd-inl.h"
 #include "cpu/conv1d-inl.h"
 #include "cpu/recurrent_fwd-inl.h"
+#include "cpu/decode-inl.h"
 // clang-format on
 
 // kChains independent FMA chains: enough to cover the FMA latency (4 cycles) times the FMA
@@ -66,6 +67,8 @@ constexpr KernelTable kTable = {
     &conv_forward_item<double>,
     &conv_backward_item<float>,
     &conv_backward_item<double>,
+    &decode_item<float>,
+    &decode_item<double>,
     &fma_peak_loop,
     2 * kChains * kLanes<float>,
 };

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/compare.h"
 #include "common/layer_problem.h"
@@ -112,6 +114,89 @@ class Cli : public ::testing::Test {
     return p;
   }
   static constexpr const char* kHeads = " --hk 2 --hv 4 --dk 16 --dv 8";
+
+  // A serving step over pools of 10 slots (the heads of kHeads, K = 4, with conv bias,
+  // conv_weight as [D, 1, K]): a decode in slot 2, a speculative window of 3 tokens over slots
+  // 4 to 6 reading slot 5 (num_spec 2), a fresh prefill of 20 tokens into slot 7, a continued
+  // prefill of 7 tokens in slot 8, and one padding sequence; T = 34 (3 padding rows).
+  // state_indices and seq_lens as int32 (widened by the tool), the rest int64.
+  struct StepFiles {
+    test::LayerProblem tokens, pools;
+    Tensor query_start_loc, state_indices, seq_lens, distribution, read_offsets;
+    StepInputs inputs() const {
+      return {tokens.qkv.view(),         tokens.a.view(),         tokens.b.view(),
+              tokens.conv_weight.view(), tokens.conv_bias.view(), tokens.A_log.view(),
+              tokens.dt_bias.view(),     query_start_loc.view(),  state_indices.view(),
+              seq_lens.view(),           distribution.view(),     read_offsets.view()};
+    }
+    StepOptions options() const {
+      StepOptions o;
+      static_cast<LayerOptions&>(o) = tokens.options();
+      o.num_spec = 2;
+      return o;
+    }
+  };
+  static Tensor index_tensor(const std::vector<std::int64_t>& values) {
+    Tensor t(DType::i64, {static_cast<std::int64_t>(values.size())});
+    for (std::size_t i = 0; i < values.size(); ++i) t.data<std::int64_t>()[i] = values[i];
+    return t;
+  }
+  StepFiles write_step_inputs() {
+    test::LayerSpec spec;
+    spec.lengths = {34};
+    spec.hk = 2;
+    spec.hv = 4;
+    spec.dk = 16;
+    spec.dv = 8;
+    spec.weight_rank3 = true;
+    StepFiles f;
+    f.tokens = test::make_layer_problem(spec);
+    spec.lengths = std::vector<std::int64_t>(10, 1);  // 10 "sequences": the 10 slots
+    spec.conv_state = true;
+    spec.recurrent_state = true;
+    spec.seed = 2;
+    f.pools = test::make_layer_problem(spec);
+    f.query_start_loc = index_tensor({0, 1, 4, 24, 31, 31});
+    f.state_indices = index_tensor({2, 4, 7, 8, -1});
+    f.seq_lens = index_tensor({50, 9, 20, 40, 0});
+    f.distribution = index_tensor({2, 3, 4});
+    f.read_offsets = index_tensor({0, 1, 0, 0, 0});
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"qkv", &f.tokens.qkv},
+                                  {"a", &f.tokens.a},
+                                  {"b", &f.tokens.b},
+                                  {"conv_weight", &f.tokens.conv_weight},
+                                  {"conv_bias", &f.tokens.conv_bias},
+                                  {"A_log", &f.tokens.A_log},
+                                  {"dt_bias", &f.tokens.dt_bias},
+                                  {"conv_state", &f.pools.conv_state},
+                                  {"recurrent_state", &f.pools.recurrent_state},
+                                  {"query_start_loc", &f.query_start_loc},
+                                  {"distribution", &f.distribution},
+                                  {"read_offsets", &f.read_offsets}}) {
+      npy::save(path(std::string("in/") + name + ".npy"), *t);
+    }
+    for (const auto& [name, t] :
+         {std::pair<const char*, const Tensor*>{"state_indices", &f.state_indices},
+          {"seq_lens", &f.seq_lens}}) {
+      Tensor narrow(DType::i32, {t->numel()});
+      for (std::int64_t i = 0; i < t->numel(); ++i) {
+        narrow.data<std::int32_t>()[i] = static_cast<std::int32_t>(t->data<std::int64_t>()[i]);
+      }
+      npy::save(path(std::string("in/") + name + ".npy"), narrow);
+    }
+    return f;
+  }
+  static Tensor copy_of(const Tensor& t, DType dtype) {
+    Tensor c(dtype, t.rank(), t.sizes());
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      if (dtype == DType::f64) {
+        c.data<double>()[i] = test::value_at(t, i);
+      } else {
+        c.data<float>()[i] = static_cast<float>(test::value_at(t, i));
+      }
+    }
+    return c;
+  }
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   std::string io(const std::string& out = "out") const {
@@ -359,6 +444,118 @@ TEST_F(Cli, LayerErrorsNameTheFileOrOption) {
   EXPECT_FALSE(fs::exists(path("out"))) << "outputs written despite bad inputs";
 }
 
+// One serving step on .npy files: out.npy and both updated pools equal the library call on
+// the same pools, at any thread count; --reference equals the float64 reference, and the CPU
+// step is within the float32 tolerance of it.
+TEST_F(Cli, StepRoundTripEqualsLibrary) {
+  const StepFiles f = write_step_inputs();
+  Tensor conv = copy_of(f.pools.conv_state, DType::f32);
+  Tensor state = copy_of(f.pools.recurrent_state, DType::f32);
+  const Tensor expected =
+      fused_gdn_step(f.inputs(), {conv.mutable_view(), state.mutable_view()}, f.options());
+  for (const char* threads : {"1", "2"}) {
+    const Result run =
+        gdn_cli("step " + io(threads) + kHeads + " --num-spec 2 --threads " + threads);
+    ASSERT_EQ(run.code, 0) << run.output;
+    EXPECT_NE(run.output.find("2 decodes, 2 prefills, 1 padding"), std::string::npos) << run.output;
+    const std::string dir = std::string(threads) + "/";
+    EXPECT_TRUE(test::bit_identical(npy::load(path(dir + "out.npy")), expected, "out.npy"));
+    EXPECT_TRUE(
+        test::bit_identical(npy::load(path(dir + "conv_state.npy")), conv, "conv_state.npy"));
+    EXPECT_TRUE(test::bit_identical(npy::load(path(dir + "recurrent_state.npy")), state,
+                                    "recurrent_state.npy"));
+  }
+  // Slots no sequence writes are unchanged; the written ones are not.
+  const Tensor pool = npy::load(path("1/recurrent_state.npy"));
+  const std::int64_t slot = 4 * 16 * 8;
+  EXPECT_EQ(std::memcmp(pool.data<float>() + 3 * slot,
+                        f.pools.recurrent_state.data<float>() + 3 * slot, slot * sizeof(float)),
+            0);
+  EXPECT_NE(std::memcmp(pool.data<float>() + 8 * slot,
+                        f.pools.recurrent_state.data<float>() + 8 * slot, slot * sizeof(float)),
+            0);
+
+  const Result ref_run = gdn_cli("step " + io("ref") + kHeads + " --num-spec 2 --reference");
+  ASSERT_EQ(ref_run.code, 0) << ref_run.output;
+  EXPECT_NE(ref_run.output.find("float64 reference"), std::string::npos) << ref_run.output;
+  StepFiles wide;
+  for (const auto& [to, from] :
+       {std::pair{&wide.tokens.qkv, &f.tokens.qkv}, std::pair{&wide.tokens.a, &f.tokens.a},
+        std::pair{&wide.tokens.b, &f.tokens.b},
+        std::pair{&wide.tokens.conv_weight, &f.tokens.conv_weight},
+        std::pair{&wide.tokens.conv_bias, &f.tokens.conv_bias},
+        std::pair{&wide.tokens.A_log, &f.tokens.A_log},
+        std::pair{&wide.tokens.dt_bias, &f.tokens.dt_bias}}) {
+    *to = copy_of(*from, DType::f64);
+  }
+  wide.tokens.spec = f.tokens.spec;
+  wide.query_start_loc = index_tensor({0, 1, 4, 24, 31, 31});
+  wide.state_indices = index_tensor({2, 4, 7, 8, -1});
+  wide.seq_lens = index_tensor({50, 9, 20, 40, 0});
+  wide.distribution = index_tensor({2, 3, 4});
+  wide.read_offsets = index_tensor({0, 1, 0, 0, 0});
+  Tensor ref_conv = copy_of(f.pools.conv_state, DType::f64);
+  Tensor ref_state = copy_of(f.pools.recurrent_state, DType::f64);
+  const Tensor ref_expected = ref::fused_gdn_step(
+      wide.inputs(), {ref_conv.mutable_view(), ref_state.mutable_view()}, f.options());
+  const Tensor ref_out = npy::load(path("ref/out.npy"));
+  EXPECT_EQ(ref_out.dtype(), DType::f64);
+  EXPECT_TRUE(test::bit_identical(ref_out, ref_expected, "reference out.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("ref/conv_state.npy")), ref_conv,
+                                  "reference conv_state.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("ref/recurrent_state.npy")), ref_state,
+                                  "reference recurrent_state.npy"));
+  EXPECT_TRUE(test::within(npy::load(path("1/out.npy")), ref_out, 1e-4, "out.npy vs reference"));
+  EXPECT_TRUE(test::within(npy::load(path("1/recurrent_state.npy")), ref_state, 1e-4,
+                           "recurrent_state.npy vs reference"));
+
+  // --out may be --in: the pools there are updated, and a second step reads them.
+  const Result again = gdn_cli("step --in '" + path("in") + "' --out '" + path("in") + "'" +
+                               kHeads + " --num-spec 2 --quiet");
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_TRUE(again.output.empty()) << again.output;
+  EXPECT_TRUE(test::bit_identical(npy::load(path("in/recurrent_state.npy")), state,
+                                  "recurrent_state.npy stepped in place"));
+}
+
+TEST_F(Cli, StepErrorsNameTheFileOrOption) {
+  write_step_inputs();
+  const Result heads = gdn_cli("step " + io() + " --hk 2 --hv 4 --dk 16 --num-spec 2");
+  EXPECT_EQ(heads.code, 2);
+  EXPECT_NE(heads.output.find("option '--dv' is required"), std::string::npos) << heads.output;
+  // The window of 3 tokens needs --num-spec 2.
+  const Result spec = gdn_cli("step " + io() + kHeads);
+  EXPECT_EQ(spec.code, 1);
+  EXPECT_NE(spec.output.find("query_start_loc.npy (query_start_loc)"), std::string::npos)
+      << spec.output;
+  const Result negative = gdn_cli("step " + io() + kHeads + " --num-spec -1");
+  EXPECT_EQ(negative.code, 2);
+  EXPECT_NE(negative.output.find("'--num-spec'"), std::string::npos) << negative.output;
+  // A pool of the wrong head dim, a live sequence in the null slot, a missing index file.
+  npy::save(path("in/recurrent_state.npy"), Tensor(DType::f32, {10, 4, 16, 9}));
+  const Result pool = gdn_cli("step " + io() + kHeads + " --num-spec 2");
+  EXPECT_EQ(pool.code, 1);
+  EXPECT_NE(pool.output.find("recurrent_state.npy (recurrent_state)"), std::string::npos)
+      << pool.output;
+  write_step_inputs();
+  npy::save(path("in/state_indices.npy"), index_tensor({0, 4, 7, 8, -1}));
+  const Result null_slot = gdn_cli("step " + io() + kHeads + " --num-spec 2");
+  EXPECT_EQ(null_slot.code, 1);
+  EXPECT_NE(null_slot.output.find("state_indices.npy (state_indices)"), std::string::npos)
+      << null_slot.output;
+  write_step_inputs();
+  npy::save(path("in/a.npy"), Tensor(DType::f64, {34, 4}));
+  const Result dtype = gdn_cli("step " + io() + kHeads + " --num-spec 2 --reference");
+  EXPECT_EQ(dtype.code, 1);
+  EXPECT_NE(dtype.output.find("a.npy (a)': expected dtype f32"), std::string::npos) << dtype.output;
+  write_step_inputs();
+  fs::remove(path("in/seq_lens.npy"));
+  const Result missing = gdn_cli("step " + io() + kHeads + " --num-spec 2");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.output.find("seq_lens.npy: cannot open"), std::string::npos) << missing.output;
+  EXPECT_FALSE(fs::exists(path("out"))) << "outputs written despite bad inputs";
+}
+
 TEST_F(Cli, UsageErrors) {
   write_inputs();
   const Result unknown = gdn_cli("forward " + io() + " --chunksize 32");
@@ -386,7 +583,8 @@ TEST_F(Cli, HelpShowsExamples) {
   for (const char* args :
        {"--help", "forward --help", "backward --help", "bench --help", "help forward",
         "help backward", "layer-forward --help", "layer-backward --help", "help layer-forward",
-        "bench --op layer --help", "bench --op conv --help"}) {
+        "bench --op layer --help", "bench --op conv --help", "step --help", "help step",
+        "bench --op step --help"}) {
     const Result run = gdn_cli(args);
     EXPECT_EQ(run.code, 0) << args;
     EXPECT_NE(run.output.find("examples:"), std::string::npos) << args << ": " << run.output;
@@ -448,6 +646,44 @@ TEST_F(Cli, BenchLayerAndConvJsonLines) {
   const Result bad = gdn_cli("bench --op attention");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.output.find("'--op'"), std::string::npos) << bad.output;
+}
+
+// The step benchmark on a small shape: every preset's check passes and its JSON line carries
+// every field, numbers or null (the copy of batches with prefills), nothing else.
+TEST_F(Cli, BenchStepJsonLines) {
+  const Result run = gdn_cli(
+      "bench --op step --hk 1 --hv 2 --dk 16 --dv 16 --preset decode-8,spec-64x4,mixed-8 "
+      "--repeats 2 --threads 2 --json");
+  ASSERT_EQ(run.code, 0) << run.output;
+  int lines = 0;
+  std::size_t at = 0;
+  while ((at = run.output.find("{\"op\": ", at)) != std::string::npos) {
+    const std::size_t end = run.output.find('}', at);
+    ASSERT_NE(end, std::string::npos) << run.output;
+    const std::string line = run.output.substr(at, end - at);
+    EXPECT_NE(line.find("\"op\": \"step\""), std::string::npos) << line;
+    for (const char* field :
+         {"\"preset\"", "\"model\": \"custom\"", "\"threads\": 2", "\"tokens\"", "\"seqs\"",
+          "\"slots\"", "\"median_ms\"", "\"min_ms\"", "\"max_ms\"", "\"tokens_per_s\"", "\"gbps\"",
+          "\"copy_gbps\"", "\"vs_copy\"", "\"check_error\""}) {
+      EXPECT_NE(line.find(field), std::string::npos) << field << " missing in " << line;
+    }
+    for (const char* bad : {"nan", "inf", ": ,", ": }"}) {
+      EXPECT_EQ(line.find(bad), std::string::npos) << bad << " in " << line;
+    }
+    ++lines;
+    at = end;
+  }
+  EXPECT_EQ(lines, 3) << run.output;
+  EXPECT_NE(run.output.find("\"preset\": \"spec-64x4\", \"model\": \"custom\""), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("\"num_spec\": 3"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("\"copy_gbps\": null"), std::string::npos) << run.output;  // mixed
+  EXPECT_EQ(run.output.find("FAIL"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("PASS"), std::string::npos) << run.output;
+  const Result bad = gdn_cli("bench --op step --preset decode-3");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("'--preset'"), std::string::npos) << bad.output;
 }
 
 }  // namespace

@@ -24,7 +24,8 @@ namespace gdn::cli {
 const char* const kBenchHelp = R"HELP(usage: gdn bench [options]
 
 Times the gated delta rule's forward and backward passes at one problem shape (--op layer:
-the whole fused layer op; --op conv: its conv1d + SiLU; each has its own --help). Cases: the chunked forward
+the whole fused layer op; --op conv: its conv1d + SiLU; --op step: serving steps of the layer
+op over state-slot pools; each has its own --help). Cases: the chunked forward
 without and with residuals, the token-recurrence baseline, and the chunked backward under each
 remat policy (all: from kept chunk_states and t_inv; t_inv: rebuilding the chunk states;
 none: rebuilding both; the forward that produced the residuals is not timed). For each: median
@@ -47,6 +48,7 @@ examples:
   gdn bench --hv 64 --seqs 4 --tokens 2048
   gdn bench --op layer --json
   gdn bench --op conv --threads 1
+  gdn bench --op step --preset decode-1,decode-256
 )HELP";
 
 namespace {
@@ -54,7 +56,8 @@ namespace {
 const std::vector<OptionSpec> kOptions = {
     {"op", "OP",
      "core (default: the gated delta rule), layer (the fused layer op, see "
-     "`gdn bench --op layer --help`) or conv (its conv1d + SiLU)"},
+     "`gdn bench --op layer --help`), conv (its conv1d + SiLU) or step (serving steps over "
+     "state-slot pools, `gdn bench --op step --help`)"},
     {"tokens", "T", "tokens per sequence (default 8192)"},
     {"seq", "T", "the same as --tokens; accepts a k suffix (8k, 64k)"},
     {"seqs", "N", "sequences, packed back to back (default 1)"},
@@ -121,8 +124,9 @@ int bench_command(int argc, char** argv) {
   }
   if (op == "layer") return bench_layer_command(argc, argv);
   if (op == "conv") return bench_conv_command(argc, argv);
+  if (op == "step") return bench_step_command(argc, argv);
   const Args args(kOptions, argc, argv, 2);
-  args.choice("op", "core", {"core", "layer", "conv"});
+  args.choice("op", "core", {"core", "layer", "conv", "step"});
   if (args.flag("help")) {
     std::printf(kBenchHelp, describe_options(kOptions).c_str());
     return 0;

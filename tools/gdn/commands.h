@@ -10,7 +10,9 @@ int backward_command(int argc, char** argv);
 int bench_command(int argc, char** argv);
 int bench_layer_command(int argc, char** argv);  // gdn bench --op layer
 int bench_conv_command(int argc, char** argv);   // gdn bench --op conv
+int bench_step_command(int argc, char** argv);   // gdn bench --op step
 int layer_forward_command(int argc, char** argv);
 int layer_backward_command(int argc, char** argv);
+int step_command(int argc, char** argv);
 
 }  // namespace gdn::cli

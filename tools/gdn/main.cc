@@ -21,8 +21,11 @@ commands:
   backward        the gated delta rule's backward on .npy tensors (the forward's, do, ...)
   layer-forward   the fused layer op (conv1d + SiLU + gates + gated delta rule) on .npy tensors
   layer-backward  the fused layer op's backward: every gradient a training step needs
+  step            one serving step of the layer op over pools of state slots (decodes,
+                  prefills, speculative windows) on .npy tensors
   bench           time the passes (default: the gated delta rule of one Qwen3-Next layer,
-                  8192 tokens; --op layer: the whole layer op; --op conv: the conv1d + SiLU)
+                  8192 tokens; --op layer: the whole layer op; --op conv: the conv1d + SiLU;
+                  --op step: serving steps over state-slot pools)
   version         print the version, the CPU variants and the threads this build uses
   help            show this help, or `gdn help <command>` for a command's
 
@@ -36,6 +39,8 @@ examples:
   gdn backward --in dump/ --out grads/ --l2norm --policy t_inv
   gdn layer-forward --in dump/ --out result/ --hk 16 --hv 32 --dk 128 --dv 128
   gdn bench --op layer --json
+  gdn step --in dump/ --out dump/ --hk 16 --hv 32 --dk 128 --dv 128
+  gdn bench --op step --preset decode-64
 )HELP";
 
 using Command = int (*)(int argc, char** argv);
@@ -44,6 +49,7 @@ const std::pair<const char*, Command> kCommands[] = {
     {"backward", gdn::cli::backward_command},
     {"layer-forward", gdn::cli::layer_forward_command},
     {"layer-backward", gdn::cli::layer_backward_command},
+    {"step", gdn::cli::step_command},
     {"bench", gdn::cli::bench_command},
 };
 
@@ -83,7 +89,7 @@ int main(int argc, char** argv) {
     if (command == "version" || command == "--version") return print_version();
     std::fprintf(stderr,
                  "gdn: unknown command '%s' (expected forward, backward, layer-forward, "
-                 "layer-backward, bench, version or help)\n",
+                 "layer-backward, step, bench, version or help)\n",
                  command.c_str());
     return 2;
   } catch (const gdn::cli::UsageError& e) {

@@ -1,0 +1,345 @@
+// step.cc: a serving step (gdn/step.h). Validate the whole batch first; then
+//   prefills: their start states gathered from the read slots (zeros without history), the
+//     fused layer op over all of them at once (gdn/layer.h), the final states scattered to
+//     their slots;
+//   decodes: the conv + SiLU of their tokens (src/cpu/conv1d-inl.h, the conv state from the
+//     read slot), the gates, the conv states after each window position written to their
+//     slots, and the decode kernel (src/cpu/decode-inl.h) updating the recurrent states in
+//     the pool directly;
+//   padding tokens: zero output rows.
+// No live sequence reads a slot another one writes (validated), so the order of these parts
+// does not matter. The float64 reference runs every live sequence alone through
+// gdn::ref::fused_gdn_fwd, a decode window one token at a time.
+#include "gdn/step.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "api/validate.h"
+#include "cpu/layer.h"
+
+namespace gdn {
+namespace {
+
+using detail::ValidatedStep;
+
+// Rows [t0, t1) of a [T, ...] view.
+TensorView rows(const TensorView& v, std::int64_t t0, std::int64_t t1) {
+  TensorView r = v;
+  r.data = static_cast<const char*>(v.data) +
+           t0 * v.strides[0] * static_cast<std::int64_t>(dtype_size(v.dtype));
+  r.sizes[0] = t1 - t0;
+  return r;
+}
+MutableTensorView rows(const MutableTensorView& v, std::int64_t t0, std::int64_t t1) {
+  MutableTensorView r = v;
+  r.data = static_cast<char*>(v.data) +
+           t0 * v.strides[0] * static_cast<std::int64_t>(dtype_size(v.dtype));
+  r.sizes[0] = t1 - t0;
+  return r;
+}
+
+template <class Real>
+Real element(const TensorView& v, std::int64_t i0, std::int64_t i1) {
+  return static_cast<const Real*>(v.data)[i0 * v.strides[0] + i1 * v.strides[1]];
+}
+
+// The pools as typed slot blocks (validated contiguous).
+template <class Real>
+struct Pools {
+  Real* conv;
+  Real* rec;
+  std::int64_t conv_slot, rec_slot;  // elements per slot
+
+  explicit Pools(const StatePools& p)
+      : conv(static_cast<Real*>(p.conv_state.data)),
+        rec(static_cast<Real*>(p.recurrent_state.data)),
+        conv_slot(p.conv_state.sizes[1] * p.conv_state.sizes[2]),
+        rec_slot(p.recurrent_state.sizes[1] * p.recurrent_state.sizes[2] *
+                 p.recurrent_state.sizes[3]) {}
+};
+
+template <class Real>
+void copy(Real* to, const Real* from, std::int64_t n) {
+  if (n > 0) std::memcpy(to, from, static_cast<std::size_t>(n) * sizeof(Real));
+}
+
+// Output rows [t0, t1) set to zero.
+template <class Real>
+void zero_rows(const MutableTensorView& out, std::int64_t t0, std::int64_t t1) {
+  Real* o = static_cast<Real*>(out.data);
+  for (std::int64_t t = t0; t < t1; ++t) {
+    for (std::int64_t c = 0; c < out.sizes[1]; ++c) o[t * out.strides[0] + c * out.strides[1]] = 0;
+  }
+}
+
+// w [K][cpad] = conv_weight [D, K] or [D, 1, K] transposed (the conv kernel's layout).
+template <class Real>
+void transpose_weight(const TensorView& weight, std::int64_t k, std::int64_t d, std::int64_t cpad,
+                      Real* w) {
+  const Real* src = static_cast<const Real*>(weight.data);
+  const std::int64_t channel = weight.strides[0], tap = weight.strides[weight.rank - 1];
+  for (std::int64_t i = 0; i < k; ++i) {
+    const Real* column = src + i * tap;
+    Real* to = w + i * cpad;
+    for (std::int64_t c = 0; c < d; ++c) to[c] = column[c * channel];
+  }
+}
+
+// The prefills [decode_end, mixed_end) through `forward` (the CPU layer op or its reference)
+// in one call, their states gathered from and scattered to the pools.
+template <class Real, class Forward>
+void run_prefills(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
+                  const StepOptions& o, const ValidatedStep& v, Forward&& forward) {
+  const std::int64_t first = v.decode_end, count = v.mixed_end - v.decode_end;
+  if (count == 0) return;
+  const std::int64_t k = v.layer.taps, d = v.layer.channels, first_token = v.query_start[first];
+  const std::int64_t t1 = v.query_start[v.mixed_end];
+  const DType dtype = v.layer.dtype;
+  Pools<Real> pool(pools);
+  Tensor cu(DType::i64, {count + 1});
+  Tensor conv(dtype, {count, k - 1, d});
+  Tensor rec(dtype, {count, o.hv, o.dk, o.dv});
+  for (std::int64_t p = 0; p <= count; ++p)
+    cu.data<std::int64_t>()[p] = v.query_start[first + p] - first_token;
+  for (std::int64_t p = 0; p < count; ++p) {
+    const std::int64_t read = v.read_slot[first + p];
+    if (read < 0) continue;  // no history: zeros, whatever the slot holds
+    copy(static_cast<Real*>(conv.raw()) + p * pool.conv_slot, pool.conv + read * pool.conv_slot,
+         pool.conv_slot);
+    copy(static_cast<Real*>(rec.raw()) + p * pool.rec_slot, pool.rec + read * pool.rec_slot,
+         pool.rec_slot);
+  }
+  const LayerInputs layer{rows(in.qkv, first_token, t1),
+                          rows(in.a, first_token, t1),
+                          rows(in.b, first_token, t1),
+                          in.conv_weight,
+                          in.conv_bias,
+                          in.A_log,
+                          in.dt_bias,
+                          conv.view(),
+                          rec.view(),
+                          cu.view()};
+  forward(layer, LayerOutputs{rows(out, first_token, t1), conv.mutable_view(), rec.mutable_view(),
+                              MutableTensorView{}, MutableTensorView{}});
+  for (std::int64_t p = 0; p < count; ++p) {
+    const std::int64_t write = v.write_slot[first + p];
+    copy(pool.conv + write * pool.conv_slot,
+         static_cast<const Real*>(conv.raw()) + p * pool.conv_slot, pool.conv_slot);
+    copy(pool.rec + write * pool.rec_slot, static_cast<const Real*>(rec.raw()) + p * pool.rec_slot,
+         pool.rec_slot);
+  }
+}
+
+// The decodes on the CPU: conv + SiLU, gates, conv states, then the decode kernel.
+template <class Real>
+void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
+                 const StepOptions& o, const ValidatedStep& v) {
+  const std::int64_t n = v.decode_end;
+  if (n == 0) return;
+  const std::int64_t k = v.layer.taps, d = v.layer.channels, cpad = (d + 15) / 16 * 16;
+  const std::int64_t tokens = v.query_start[n], hv = o.hv;
+  const DType dtype = v.layer.dtype;
+  Pools<Real> pool(pools);
+  // Conv inputs: transposed weights and bias; the conv states are read from the read slots.
+  Tensor weight(dtype, {k, cpad}), bias(dtype, {cpad});
+  transpose_weight<Real>(in.conv_weight, k, d, cpad, static_cast<Real*>(weight.raw()));
+  Real* b = static_cast<Real*>(bias.raw());
+  if (in.conv_bias.present()) {
+    for (std::int64_t c = 0; c < d; ++c)
+      b[c] = static_cast<const Real*>(in.conv_bias.data)[c * in.conv_bias.strides[0]];
+  }
+  std::vector<detail::Sequence> seqs(static_cast<std::size_t>(n));
+  for (std::int64_t s = 0; s < n; ++s) {
+    seqs[static_cast<std::size_t>(s)] = {0, v.query_start[s],
+                                         v.query_start[s + 1] - v.query_start[s], 0};
+  }
+  Tensor xh(dtype, {tokens, d});
+  detail::ConvProblem conv;
+  conv.tokens = tokens;
+  conv.channels = d;
+  conv.taps = k;
+  conv.cpad = cpad;
+  conv.num_seqs = n;
+  conv.seqs = seqs.data();
+  conv.dtype = dtype;
+  conv.x = static_cast<const std::byte*>(in.qkv.data);
+  conv.x_token = in.qkv.strides[0];
+  conv.x_channel = in.qkv.strides[1];
+  conv.weight = static_cast<const std::byte*>(weight.raw());
+  conv.bias = static_cast<const std::byte*>(bias.raw());
+  conv.state_in = k > 1 ? reinterpret_cast<const std::byte*>(pool.conv) : nullptr;
+  conv.state_block = v.read_slot.data();
+  conv.xh = static_cast<std::byte*>(xh.raw());
+  cpu::conv_forward(conv, o.isa, o.threads);
+
+  // The conv state after window position t: inputs t - (K - 2) .. t of the window, the
+  // negative ones from the history (the read slot's rows, or zeros). Position t writes slot
+  // write_slot + t in increasing t and rows in increasing order: a plain decode (one position,
+  // reading its own slot) shifts its slot in place, reading each row before it is written. A
+  // window whose read slot is among the slots it writes gets a copy of the history first.
+  std::vector<Real> saved;
+  const std::vector<Real> zeros(static_cast<std::size_t>(k > 1 ? d : 0), Real{0});
+  for (std::int64_t s = 0; s < n; ++s) {
+    const std::int64_t len = v.query_start[s + 1] - v.query_start[s];
+    const std::int64_t read = v.read_slot[s], first_write = v.write_slot[s];
+    const Real* history = read >= 0 ? pool.conv + read * pool.conv_slot : nullptr;
+    if (history != nullptr && len > 1 && read >= first_write && read < first_write + len) {
+      saved.assign(history, history + pool.conv_slot);
+      history = saved.data();
+    }
+    for (std::int64_t t = 0; t < len; ++t) {
+      Real* to = pool.conv + (first_write + t) * pool.conv_slot;
+      for (std::int64_t r = 0; r + 1 < k; ++r) {
+        const std::int64_t j = t - (k - 2) + r;  // input index within the window
+        if (j < 0) {
+          copy(to + r * d, history != nullptr ? history + (k - 1 + j) * d : zeros.data(), d);
+        } else if (in.qkv.strides[1] == 1) {
+          copy(to + r * d,
+               static_cast<const Real*>(in.qkv.data) + (v.query_start[s] + j) * in.qkv.strides[0],
+               d);
+        } else {
+          for (std::int64_t c = 0; c < d; ++c)
+            to[r * d + c] = element<Real>(in.qkv, v.query_start[s] + j, c);
+        }
+      }
+    }
+  }
+
+  // The gates: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias).
+  Tensor g(dtype, {tokens, hv}), beta(dtype, {tokens, hv});
+  Real* gp = static_cast<Real*>(g.raw());
+  Real* bp = static_cast<Real*>(beta.raw());
+  for (std::int64_t h = 0; h < hv; ++h) {
+    const Real a_scale = std::exp(static_cast<const Real*>(in.A_log.data)[h * in.A_log.strides[0]]);
+    const Real dt = static_cast<const Real*>(in.dt_bias.data)[h * in.dt_bias.strides[0]];
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const Real z = element<Real>(in.a, t, h) + dt;
+      // log1p(e^z) = z + e^-z rounds to z past 20 in float32, past 40 in float64.
+      const Real softplus = z > (sizeof(Real) == 4 ? 20 : 40) ? z : std::log1p(std::exp(z));
+      gp[t * hv + h] = -a_scale * softplus;
+      bp[t * hv + h] = 1 / (1 + std::exp(-element<Real>(in.b, t, h)));
+    }
+  }
+
+  detail::DecodeProblem p;
+  p.num_seqs = n;
+  p.hk = o.hk;
+  p.hv = hv;
+  p.dk = o.dk;
+  p.dv = o.dv;
+  p.channels = d;
+  p.dtype = dtype;
+  p.scale = 1.0 / std::sqrt(static_cast<double>(o.dk));
+  // Blocks of value columns until there are 8 items per thread (a batch of one sequence
+  // still keeps every core busy); at most one block per vector of 16 columns.
+  const int threads = o.threads > 0 ? o.threads : default_threads();
+  p.vblocks = 1;
+  while (n * hv * p.vblocks < 8 * threads && p.vblocks * 2 * 16 <= o.dv) p.vblocks *= 2;
+  p.token_start = v.query_start.data();
+  p.write_slot = v.write_slot.data();
+  p.read_slot = v.read_slot.data();
+  p.xh = static_cast<const std::byte*>(xh.raw());
+  p.g = static_cast<const std::byte*>(g.raw());
+  p.beta = static_cast<const std::byte*>(beta.raw());
+  p.state = reinterpret_cast<std::byte*>(pool.rec);
+  p.slot_elements = pool.rec_slot;
+  p.out = static_cast<std::byte*>(out.data);
+  p.out_token = out.strides[0];
+  p.out_channel = out.strides[1];
+  cpu::decode(p, o.isa, o.threads);
+}
+
+template <class Real>
+void step_cpu(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
+              const StepOptions& o, const ValidatedStep& v) {
+  run_prefills<Real>(in, pools, out, o, v, [&](const LayerInputs& li, const LayerOutputs& lo) {
+    fused_gdn_fwd(li, lo, o);
+  });
+  run_decodes<Real>(in, pools, out, o, v);
+  zero_rows<Real>(out, v.query_start[v.mixed_end], v.layer.tokens);
+}
+
+// The reference: each live sequence alone; a decode window token by token, each position's
+// states into the next slot.
+void step_reference(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
+                    const StepOptions& o, const ValidatedStep& v) {
+  Pools<double> pool(pools);
+  const std::int64_t k = v.layer.taps, d = v.layer.channels;
+  for (std::int64_t s = 0; s < v.mixed_end; ++s) {
+    const bool decode = s < v.decode_end;
+    const std::int64_t t0 = v.query_start[s], t1 = v.query_start[s + 1];
+    std::int64_t read = v.read_slot[s];
+    for (std::int64_t a = t0; a < t1; a = decode ? a + 1 : t1) {
+      const std::int64_t b = decode ? a + 1 : t1;
+      Tensor conv(DType::f64, {1, k - 1, d}), rec(DType::f64, {1, o.hv, o.dk, o.dv});
+      if (read >= 0) {
+        copy(static_cast<double*>(conv.raw()), pool.conv + read * pool.conv_slot, pool.conv_slot);
+        copy(static_cast<double*>(rec.raw()), pool.rec + read * pool.rec_slot, pool.rec_slot);
+      }
+      ref::fused_gdn_fwd(
+          LayerInputs{rows(in.qkv, a, b), rows(in.a, a, b), rows(in.b, a, b), in.conv_weight,
+                      in.conv_bias, in.A_log, in.dt_bias, conv.view(), rec.view(), TensorView{}},
+          LayerOutputs{rows(out, a, b), conv.mutable_view(), rec.mutable_view(),
+                       MutableTensorView{}, MutableTensorView{}},
+          o);
+      const std::int64_t write = v.write_slot[s] + (decode ? a - t0 : 0);
+      copy(pool.conv + write * pool.conv_slot, static_cast<const double*>(conv.raw()),
+           pool.conv_slot);
+      copy(pool.rec + write * pool.rec_slot, static_cast<const double*>(rec.raw()), pool.rec_slot);
+      read = write;
+    }
+  }
+  zero_rows<double>(out, v.query_start[v.mixed_end], v.layer.tokens);
+}
+
+}  // namespace
+
+void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const MutableTensorView& out,
+                    const StepOptions& options) {
+  ValidatedStep v;
+  detail::validate_step(inputs, pools, out, options, detail::OutputPrecision::native, &v);
+  if (v.layer.dtype == DType::f64) {
+    step_cpu<double>(inputs, pools, out, options, v);
+  } else {
+    step_cpu<float>(inputs, pools, out, options, v);
+  }
+}
+
+Tensor fused_gdn_step(const StepInputs& inputs, const StatePools& pools,
+                      const StepOptions& options) {
+  detail::ValidatedLayer layer;
+  detail::validate_layer_inputs(
+      LayerInputs{inputs.qkv, inputs.a, inputs.b, inputs.conv_weight, inputs.conv_bias,
+                  inputs.A_log, inputs.dt_bias, TensorView{}, TensorView{}, TensorView{}},
+      options, &layer);
+  Tensor out(layer.dtype, {layer.tokens, options.hv * options.dv});
+  fused_gdn_step(inputs, pools, out.mutable_view(), options);
+  return out;
+}
+
+namespace ref {
+
+void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const MutableTensorView& out,
+                    const StepOptions& options) {
+  ValidatedStep v;
+  detail::validate_step(inputs, pools, out, options, detail::OutputPrecision::float64, &v);
+  step_reference(inputs, pools, out, options, v);
+}
+
+Tensor fused_gdn_step(const StepInputs& inputs, const StatePools& pools,
+                      const StepOptions& options) {
+  detail::ValidatedLayer layer;
+  detail::validate_layer_inputs(
+      LayerInputs{inputs.qkv, inputs.a, inputs.b, inputs.conv_weight, inputs.conv_bias,
+                  inputs.A_log, inputs.dt_bias, TensorView{}, TensorView{}, TensorView{}},
+      options, &layer);
+  Tensor out(DType::f64, {layer.tokens, options.hv * options.dv});
+  ref::fused_gdn_step(inputs, pools, out.mutable_view(), options);
+  return out;
+}
+
+}  // namespace ref
+
+}  // namespace gdn
