@@ -52,7 +52,8 @@
 namespace gdn {
 
 struct StepOptions : LayerOptions {
-  std::int64_t num_spec = 0;  // speculative tokens a decode window may carry beyond the first
+  // Speculative tokens a decode window may carry beyond the first, 0 to 1024.
+  std::int64_t num_spec = 0;
 };
 
 // Inputs. qkv, a, b and the parameters as in gdn/layer.h (one float dtype, f32 or f64); the

@@ -294,6 +294,17 @@ void step_reference(const StepInputs& in, const StatePools& pools, const Mutable
   zero_rows<double>(out, v.query_start[v.mixed_end], v.layer.tokens);
 }
 
+// out [T, Hv Dv] for the allocating forms: the dtype of qkv, or f64 for the reference (the
+// inputs checked first, so that a bad qkv is reported as such).
+Tensor allocate_out(const StepInputs& in, const StepOptions& options, bool reference) {
+  detail::ValidatedLayer layer;
+  detail::validate_layer_inputs(
+      LayerInputs{in.qkv, in.a, in.b, in.conv_weight, in.conv_bias, in.A_log, in.dt_bias,
+                  TensorView{}, TensorView{}, TensorView{}},
+      options, &layer);
+  return Tensor(reference ? DType::f64 : layer.dtype, {layer.tokens, options.hv * options.dv});
+}
+
 }  // namespace
 
 void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const MutableTensorView& out,
@@ -309,12 +320,7 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
 
 Tensor fused_gdn_step(const StepInputs& inputs, const StatePools& pools,
                       const StepOptions& options) {
-  detail::ValidatedLayer layer;
-  detail::validate_layer_inputs(
-      LayerInputs{inputs.qkv, inputs.a, inputs.b, inputs.conv_weight, inputs.conv_bias,
-                  inputs.A_log, inputs.dt_bias, TensorView{}, TensorView{}, TensorView{}},
-      options, &layer);
-  Tensor out(layer.dtype, {layer.tokens, options.hv * options.dv});
+  Tensor out = allocate_out(inputs, options, false);
   fused_gdn_step(inputs, pools, out.mutable_view(), options);
   return out;
 }
@@ -330,12 +336,7 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
 
 Tensor fused_gdn_step(const StepInputs& inputs, const StatePools& pools,
                       const StepOptions& options) {
-  detail::ValidatedLayer layer;
-  detail::validate_layer_inputs(
-      LayerInputs{inputs.qkv, inputs.a, inputs.b, inputs.conv_weight, inputs.conv_bias,
-                  inputs.A_log, inputs.dt_bias, TensorView{}, TensorView{}, TensorView{}},
-      options, &layer);
-  Tensor out(DType::f64, {layer.tokens, options.hv * options.dv});
+  Tensor out = allocate_out(inputs, options, true);
   ref::fused_gdn_step(inputs, pools, out.mutable_view(), options);
   return out;
 }

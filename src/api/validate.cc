@@ -1110,8 +1110,10 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
     }
     r.write_slot[i] = slot[i];
     if (lens[i] > len) {
-      const std::int64_t read = slot[i] + offsets[i];
-      if (offsets[i] < -slots || offsets[i] > slots || read < 1 || read >= slots) {
+      // |offset| <= slots is checked before the sum, which then cannot overflow.
+      const bool near = offsets[i] >= -slots && offsets[i] <= slots;
+      const std::int64_t read = near ? slot[i] + offsets[i] : -1;
+      if (!near || read < 1 || read >= slots) {
         fail("read_offsets", slot_range + " at state_indices[s] + read_offsets[s]",
              at("read_offsets", s) + " = " + std::to_string(offsets[i]) + " (slot " +
                  std::to_string(slot[i]) + " + " + std::to_string(offsets[i]) + ")");

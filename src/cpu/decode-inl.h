@@ -11,60 +11,7 @@
 // so an item may take a block of them (small batches: both cores busy for one sequence) and
 // the result does not depend on the split. In place when the read and write slots are the
 // same (a plain decode); a speculative window writes each position's state into the next
-// slot and starts the next position from it.
-
-// ks, qs of columns [0, n) of a row-major block (rows ld apart): vector blocks of
-// kRecurrentBlock in registers, the tail column by column. src = null: zeros.
-template <class Real>
-inline void block_products(const Real* src, std::int64_t rows, std::int64_t ld, std::int64_t n,
-                           const Real* k, const Real* q, Real* ks, Real* qs) {
-  constexpr int W = kLanes<Real>;
-  const std::int64_t whole = n / W * W;
-  if (src == nullptr) {
-    for (std::int64_t j = 0; j < n; ++j) ks[j] = qs[j] = 0;
-    return;
-  }
-  for (std::int64_t j = 0; j < whole; j += kRecurrentBlock * W) {
-    const int nb = static_cast<int>(min64(kRecurrentBlock, (whole - j) / W));
-    Vec<Real> acc_k[kRecurrentBlock] = {}, acc_q[kRecurrentBlock] = {};
-    if (nb == kRecurrentBlock) {
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const Real* row = src + r * ld + j;
-        const Real kr = k[r], qr = q[r];
-
-#pragma GCC unroll 16
-        for (int v = 0; v < kRecurrentBlock; ++v) {
-          const Vec<Real> sv = load(row + v * W);
-          acc_k[v] += kr * sv;
-          acc_q[v] += qr * sv;
-        }
-      }
-    } else {
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const Real* row = src + r * ld + j;
-        const Real kr = k[r], qr = q[r];
-        for (int v = 0; v < nb; ++v) {
-          const Vec<Real> sv = load(row + v * W);
-          acc_k[v] += kr * sv;
-          acc_q[v] += qr * sv;
-        }
-      }
-    }
-    for (int v = 0; v < nb; ++v) {
-      store(ks + j + v * W, acc_k[v]);
-      store(qs + j + v * W, acc_q[v]);
-    }
-  }
-  for (std::int64_t j = whole; j < n; ++j) {
-    Real a = 0, b = 0;
-    for (std::int64_t r = 0; r < rows; ++r) {
-      a += k[r] * src[r * ld + j];
-      b += q[r] * src[r * ld + j];
-    }
-    ks[j] = a;
-    qs[j] = b;
-  }
-}
+// slot and starts the next position from it. Pass 1 is recurrent_fwd-inl.h's block_products.
 
 template <class Real>
 void decode_item(const detail::DecodeProblem& p, std::int64_t item, std::byte* workspace) {

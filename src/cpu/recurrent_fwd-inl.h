@@ -12,17 +12,25 @@
 // Register block of pass 1: NB vectors of columns, two accumulators each (ks and qs).
 inline constexpr int kRecurrentBlock = GDN_GEMM_NV * 2;
 
+// ks, qs of columns [0, n) of a row-major block (rows ld apart): vector blocks of
+// kRecurrentBlock in registers, the tail column by column. src = null: zeros.
 template <class Real>
-inline void state_products(const Real* state, std::int64_t dk, std::int64_t dvp, const Real* k,
-                           const Real* q, Real* ks, Real* qs) {
+inline void block_products(const Real* src, std::int64_t rows, std::int64_t ld, std::int64_t n,
+                           const Real* k, const Real* q, Real* ks, Real* qs) {
   constexpr int W = kLanes<Real>;
-  for (std::int64_t j = 0; j < dvp; j += kRecurrentBlock * W) {
-    const int nb = static_cast<int>(min64(kRecurrentBlock, (dvp - j) / W));
+  const std::int64_t whole = n / W * W;
+  if (src == nullptr) {
+    for (std::int64_t j = 0; j < n; ++j) ks[j] = qs[j] = 0;
+    return;
+  }
+  for (std::int64_t j = 0; j < whole; j += kRecurrentBlock * W) {
+    const int nb = static_cast<int>(min64(kRecurrentBlock, (whole - j) / W));
     Vec<Real> acc_k[kRecurrentBlock] = {}, acc_q[kRecurrentBlock] = {};
     if (nb == kRecurrentBlock) {
-      for (std::int64_t r = 0; r < dk; ++r) {
-        const Real* row = state + r * dvp + j;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const Real* row = src + r * ld + j;
         const Real kr = k[r], qr = q[r];
+
 #pragma GCC unroll 16
         for (int v = 0; v < kRecurrentBlock; ++v) {
           const Vec<Real> sv = load(row + v * W);
@@ -31,8 +39,8 @@ inline void state_products(const Real* state, std::int64_t dk, std::int64_t dvp,
         }
       }
     } else {
-      for (std::int64_t r = 0; r < dk; ++r) {
-        const Real* row = state + r * dvp + j;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const Real* row = src + r * ld + j;
         const Real kr = k[r], qr = q[r];
         for (int v = 0; v < nb; ++v) {
           const Vec<Real> sv = load(row + v * W);
@@ -45,6 +53,15 @@ inline void state_products(const Real* state, std::int64_t dk, std::int64_t dvp,
       store(ks + j + v * W, acc_k[v]);
       store(qs + j + v * W, acc_q[v]);
     }
+  }
+  for (std::int64_t j = whole; j < n; ++j) {
+    Real a = 0, b = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      a += k[r] * src[r * ld + j];
+      b += q[r] * src[r * ld + j];
+    }
+    ks[j] = a;
+    qs[j] = b;
   }
 }
 
@@ -78,7 +95,7 @@ void recurrent_head(const detail::ForwardProblem& p, std::int64_t s, std::int64_
         static_cast<Real>(__builtin_exp(static_cast<double>(*token_at<In>(p.g, seq, t, h))));
     const Real beta = static_cast<Real>(*token_at<In>(p.beta, seq, t, h));
 
-    state_products(state, dk, l.dvp, k, q, ks, qs);
+    block_products(state, dk, l.dvp, l.dvp, k, q, ks, qs);
     const Real qk = dot(q, k, l.dkp);
     for (std::int64_t j = 0; j < l.dvp; j += W) {
       const Vec<Real> u = (load(v + j) - load(ks + j) * alpha) * beta;

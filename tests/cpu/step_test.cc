@@ -98,6 +98,11 @@ struct StepProblem {
   std::vector<std::int64_t> query_start_loc, state_indices, seq_lens, distribution, read_offsets;
   Tensor qkv, a, b, conv_weight, conv_bias, A_log, dt_bias;
   Tensor conv_pool, rec_pool;  // the pools before the step
+  // Optional layouts the op must accept (the oracle reads qkv and conv_weight as they are):
+  // qkv as a strided view into `qkv_wide` (element (t, c) at t (2 D + 3) + 2 c + 1), and
+  // conv_weight as its [D, 1, K] view.
+  Tensor qkv_wide;
+  bool weight_3d = false;
 
   std::int64_t decode_end() const { return distribution[0]; }
   std::int64_t mixed_end() const { return distribution[2]; }
@@ -105,9 +110,18 @@ struct StepProblem {
   StepInputs inputs() const {
     StepInputs in;
     in.qkv = qkv.view();
+    if (qkv_wide.present()) {
+      const std::int64_t d = spec.channels();
+      const auto* base = static_cast<const char*>(qkv_wide.raw()) + dtype_size(spec.dtype);
+      in.qkv = TensorView(base, spec.dtype, 2, {tokens, d, 0, 0}, {2 * d + 3, 2, 0, 0});
+    }
     in.a = a.view();
     in.b = b.view();
     in.conv_weight = conv_weight.view();
+    if (weight_3d) {
+      const std::int64_t d = spec.channels(), k = spec.taps;
+      in.conv_weight = TensorView(conv_weight.raw(), spec.dtype, 3, {d, 1, k, 0}, {k, k, 1, 0});
+    }
     in.conv_bias = conv_bias.view();
     in.A_log = A_log.view();
     in.dt_bias = dt_bias.view();
@@ -502,6 +516,33 @@ StepSpec speculative_spec() {
 }
 
 TEST(CpuStep, SpeculativeWindows) { check_case(make_step_problem(speculative_spec())); }
+
+// The windows above with K = 1, 2 and 8 (windows shorter and longer than K - 1), Dk = Dv = 20
+// (no whole number of vectors), Hv = 4 Hk; then the same with qkv a strided view (channel
+// stride 2) and conv_weight as [D, 1, K].
+TEST(CpuStep, TapsShapesAndStridedLayouts) {
+  for (const std::int64_t taps : {1, 2, 8}) {
+    StepSpec spec = speculative_spec();
+    spec.taps = taps;
+    spec.hk = 1;
+    spec.hv = 4;
+    spec.dk = 20;
+    spec.dv = 20;
+    StepProblem p = make_step_problem(spec);
+    check_case(p);
+    const std::int64_t d = spec.channels();
+    p.qkv_wide = Tensor(spec.dtype, {p.tokens, 2 * d + 3});
+    for (std::int64_t i = 0; i < p.qkv_wide.numel(); ++i) set_value(p.qkv_wide, i, kNaN);
+    for (std::int64_t t = 0; t < p.tokens; ++t) {
+      for (std::int64_t c = 0; c < d; ++c) {
+        set_value(p.qkv_wide, t * (2 * d + 3) + 2 * c + 1, test::value_at(p.qkv, t * d + c));
+      }
+    }
+    p.weight_3d = true;
+    SCOPED_TRACE("strided qkv, [D, 1, K] conv_weight");
+    check_case(p);
+  }
+}
 
 // The op templated on both dtypes: f64 inputs and pools, within 1e-12 of the oracle.
 TEST(CpuStep, Float64Inputs) {

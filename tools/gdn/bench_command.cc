@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "cpu/kernels.h"
 #include "gdn/gdn.h"
+#include "inputs.h"
 #include "sysinfo.h"
 
 namespace gdn::cli {
@@ -142,15 +143,11 @@ int bench_command(int argc, char** argv) {
   int threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   const bool json = args.flag("json");
   const std::string which = args.choice("cases", "all", {"all", "forward", "backward"});
-  const std::string isa_name = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
   if (hv % hk != 0) {
     throw UsageError("option '--hv': expected a multiple of --hk = " + std::to_string(hk) +
                      ", given " + std::to_string(hv));
   }
-  const CpuIsa isa = resolve_cpu_isa(isa_name == "generic"  ? CpuIsa::generic
-                                     : isa_name == "avx2"   ? CpuIsa::avx2
-                                     : isa_name == "avx512" ? CpuIsa::avx512
-                                                            : CpuIsa::automatic);
+  const CpuIsa isa = resolve_cpu_isa(isa_option(args));
   if (threads == 0) threads = default_threads();
   const std::int64_t total = tokens * seqs;
 

@@ -18,6 +18,7 @@
 #include "cpu/kernels.h"
 #include "cpu/layer.h"
 #include "gdn/gdn.h"
+#include "inputs.h"
 #include "sysinfo.h"
 
 namespace gdn::cli {
@@ -107,14 +108,6 @@ const std::vector<OptionSpec> kConvOptions = {
 
 // fp32 tolerance of the checks (docs/numerics.md).
 constexpr double kTolerance = 1e-4;
-
-CpuIsa isa_from(const Args& args) {
-  const std::string name = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
-  return resolve_cpu_isa(name == "generic"  ? CpuIsa::generic
-                         : name == "avx2"   ? CpuIsa::avx2
-                         : name == "avx512" ? CpuIsa::avx512
-                                            : CpuIsa::automatic);
-}
 
 void fill_uniform(Tensor& t, Random& rng, double lo, double hi) {
   float* p = t.data<float>();
@@ -347,7 +340,7 @@ int bench_layer_command(int argc, char** argv) {
   int threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   const int repeats = static_cast<int>(args.integer("repeats", 3, 1, 1000));
   const bool json = args.flag("json");
-  const CpuIsa isa = isa_from(args);
+  const CpuIsa isa = resolve_cpu_isa(isa_option(args));
   if (threads == 0) threads = default_threads();
 
   std::FILE* info = json ? stderr : stdout;
@@ -529,7 +522,7 @@ int bench_conv_command(int argc, char** argv) {
   int threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   const int repeats = static_cast<int>(args.integer("repeats", 10, 1, 100000));
   const bool json = args.flag("json");
-  const CpuIsa isa = isa_from(args);
+  const CpuIsa isa = resolve_cpu_isa(isa_option(args));
   if (threads == 0) threads = default_threads();
   const std::int64_t cpad = (channels + 15) / 16 * 16;
 

@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "gdn/gdn.h"
 #include "gdn/step.h"
+#include "inputs.h"
 #include "sysinfo.h"
 
 namespace gdn::cli {
@@ -161,14 +162,6 @@ const std::vector<OptionSpec> kStepOptions = {
 
 // fp32 tolerance of the checks (docs/numerics.md).
 constexpr double kTolerance = 1e-4;
-
-CpuIsa isa_from(const Args& args) {
-  const std::string name = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
-  return resolve_cpu_isa(name == "generic"  ? CpuIsa::generic
-                         : name == "avx2"   ? CpuIsa::avx2
-                         : name == "avx512" ? CpuIsa::avx512
-                                            : CpuIsa::automatic);
-}
 
 template <class T>
 void fill_uniform(T* p, std::int64_t n, Random& rng, double lo, double hi) {
@@ -516,7 +509,7 @@ int bench_step_command(int argc, char** argv) {
   int threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   const int repeats = static_cast<int>(args.integer("repeats", 20, 1, 100000));
   const bool json = args.flag("json");
-  const CpuIsa isa = isa_from(args);
+  const CpuIsa isa = resolve_cpu_isa(isa_option(args));
   if (threads == 0) threads = default_threads();
 
   std::FILE* info = json ? stderr : stdout;

@@ -25,12 +25,44 @@ ForwardOptions forward_options_from(const Args& args) {
   options.threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   options.use_qk_l2norm = args.flag("l2norm");
   if (auto s = args.number("scale")) options.scale = *s;
-  const std::string isa = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
-  options.isa = isa == "generic"  ? CpuIsa::generic
-                : isa == "avx2"   ? CpuIsa::avx2
-                : isa == "avx512" ? CpuIsa::avx512
-                                  : CpuIsa::automatic;
+  options.isa = isa_option(args);
   return options;
+}
+
+namespace {
+
+std::int64_t required_integer(const Args& args, const char* name, std::int64_t max) {
+  if (!args.has(name)) {
+    throw UsageError(std::string("option '--") + name + "' is required (the head layout)");
+  }
+  return args.integer(name, 0, 1, max);
+}
+
+}  // namespace
+
+LayerOptions layer_options_from(const Args& args) {
+  LayerOptions o;
+  o.hk = required_integer(args, "hk", 4096);
+  o.hv = required_integer(args, "hv", 4096);
+  o.dk = required_integer(args, "dk", 256);
+  o.dv = required_integer(args, "dv", 256);
+  o.chunk_size = static_cast<int>(args.integer("chunk-size", 64, 1, 256));
+  o.threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
+  o.isa = isa_option(args);
+  return o;
+}
+
+CpuIsa isa_option(const Args& args) {
+  const std::string isa = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
+  return isa == "generic"  ? CpuIsa::generic
+         : isa == "avx2"   ? CpuIsa::avx2
+         : isa == "avx512" ? CpuIsa::avx512
+                           : CpuIsa::automatic;
+}
+
+std::string engine_name(bool reference, CpuIsa isa) {
+  return reference ? "float64 reference"
+                   : std::string(cpu_isa_name(resolve_cpu_isa(isa))) + " kernels";
 }
 
 ForwardTensors load_forward_inputs(const std::filesystem::path& dir) {

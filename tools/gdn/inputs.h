@@ -19,6 +19,15 @@ std::vector<OptionSpec> with_forward_options(std::vector<OptionSpec> first,
 // ForwardOptions from those options.
 ForwardOptions forward_options_from(const Args& args);
 
+// The layer op's options: --hk, --hv, --dk, --dv (required), --chunk-size, --threads, --isa.
+LayerOptions layer_options_from(const Args& args);
+
+// The --isa option (auto, generic, avx2, avx512); auto is CpuIsa::automatic.
+CpuIsa isa_option(const Args& args);
+
+// What ran a command, for its report: "float64 reference" or "<isa> kernels".
+std::string engine_name(bool reference, CpuIsa isa);
+
 // q.npy k.npy v.npy g.npy beta.npy, and cu_seqlens.npy (int32 widened to int64) and h0.npy
 // when present.
 struct ForwardTensors {

@@ -108,29 +108,6 @@ const std::vector<OptionSpec> kForwardOptions = layer_options(
 const std::vector<OptionSpec> kBackwardOptions = layer_options(
     {{"policy", "P", "auto, all, t_inv or none: which forward residuals to use or keep"}});
 
-std::int64_t required_integer(const Args& args, const char* name, std::int64_t max) {
-  if (!args.has(name)) {
-    throw UsageError(std::string("option '--") + name + "' is required (the head layout)");
-  }
-  return args.integer(name, 0, 1, max);
-}
-
-LayerOptions layer_options_from(const Args& args) {
-  LayerOptions o;
-  o.hk = required_integer(args, "hk", 4096);
-  o.hv = required_integer(args, "hv", 4096);
-  o.dk = required_integer(args, "dk", 256);
-  o.dv = required_integer(args, "dv", 256);
-  o.chunk_size = static_cast<int>(args.integer("chunk-size", 64, 1, 256));
-  o.threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
-  const std::string isa = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
-  o.isa = isa == "generic"  ? CpuIsa::generic
-          : isa == "avx2"   ? CpuIsa::avx2
-          : isa == "avx512" ? CpuIsa::avx512
-                            : CpuIsa::automatic;
-  return o;
-}
-
 // The forward's input files.
 struct LayerTensors {
   Tensor qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, recurrent_state, cu_seqlens;
@@ -191,11 +168,6 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::string engine(bool reference, const LayerOptions& o) {
-  return reference ? "float64 reference"
-                   : std::string(cpu_isa_name(resolve_cpu_isa(o.isa))) + " kernels";
-}
-
 }  // namespace
 
 int layer_forward_command(int argc, char** argv) {
@@ -239,7 +211,7 @@ int layer_forward_command(int argc, char** argv) {
                 dtype_name(tensors.qkv.dtype()));
     std::printf(
         "  %s in %.3f ms; wrote out.npy, conv_state_out.npy, recurrent_state_out.npy%s to %s\n",
-        engine(reference, options).c_str(), seconds * 1e3,
+        engine_name(reference, options.isa).c_str(), seconds * 1e3,
         residuals ? ", chunk_states.npy, t_inv.npy" : "", out_dir.string().c_str());
   }
   return 0;
@@ -324,7 +296,7 @@ int layer_backward_command(int argc, char** argv) {
   save("d_recurrent_state", grads.d_recurrent_state);
   if (!args.flag("quiet")) {
     std::printf("gdn layer-backward: residuals: %s\n", residual_note.c_str());
-    std::printf("  %s in %.3f ms; wrote %s to %s\n", engine(reference, options).c_str(),
+    std::printf("  %s in %.3f ms; wrote %s to %s\n", engine_name(reference, options.isa).c_str(),
                 seconds * 1e3, written.c_str(), out_dir.string().c_str());
   }
   return 0;

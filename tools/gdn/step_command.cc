@@ -92,27 +92,10 @@ const char* const kStepFiles[] = {"qkv",
                                   "read_offsets",
                                   "out"};
 
-std::int64_t required_integer(const Args& args, const char* name, std::int64_t max) {
-  if (!args.has(name)) {
-    throw UsageError(std::string("option '--") + name + "' is required (the head layout)");
-  }
-  return args.integer(name, 0, 1, max);
-}
-
 StepOptions step_options_from(const Args& args) {
   StepOptions o;
-  o.hk = required_integer(args, "hk", 4096);
-  o.hv = required_integer(args, "hv", 4096);
-  o.dk = required_integer(args, "dk", 256);
-  o.dv = required_integer(args, "dv", 256);
+  static_cast<LayerOptions&>(o) = layer_options_from(args);
   o.num_spec = args.integer("num-spec", 0, 0, 1024);
-  o.chunk_size = static_cast<int>(args.integer("chunk-size", 64, 1, 256));
-  o.threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
-  const std::string isa = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
-  o.isa = isa == "generic"  ? CpuIsa::generic
-          : isa == "avx2"   ? CpuIsa::avx2
-          : isa == "avx512" ? CpuIsa::avx512
-                            : CpuIsa::automatic;
   return o;
 }
 
@@ -239,11 +222,6 @@ void naming_files(Body&& body) {
   }
 }
 
-std::string engine(bool reference, const StepOptions& o) {
-  return reference ? "float64 reference"
-                   : std::string(cpu_isa_name(resolve_cpu_isa(o.isa))) + " kernels";
-}
-
 }  // namespace
 
 int step_command(int argc, char** argv) {
@@ -303,7 +281,8 @@ int step_command(int argc, char** argv) {
         static_cast<long long>(tensors.conv_weight.size(tensors.conv_weight.rank() - 1)),
         dtype_name(tensors.qkv.dtype()));
     std::printf("  %s in %.3f ms; wrote out.npy, conv_state.npy, recurrent_state.npy to %s\n",
-                engine(reference, options).c_str(), seconds * 1e3, out_dir.string().c_str());
+                engine_name(reference, options.isa).c_str(), seconds * 1e3,
+                out_dir.string().c_str());
   }
   return 0;
 }
