@@ -115,7 +115,7 @@ std::string shape_string(int rank, const Dims& sizes);
 
 // An owning, contiguous, 64-byte-aligned tensor, zero-initialised. Used by the allocating
 // convenience overloads, the CLI and the tests; the core ops never allocate outputs. On Linux
-// tensors of 4 MiB and more are mapped 2 MiB aligned with transparent huge pages advised.
+// tensors of 2 MiB and more are mapped 2 MiB aligned with transparent huge pages advised.
 class Tensor {
  public:
   Tensor() = default;

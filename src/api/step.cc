@@ -75,11 +75,35 @@ void zero_rows(const MutableTensorView& out, std::int64_t t0, std::int64_t t1) {
 }
 
 // w [K][cpad] = conv_weight [D, K] or [D, 1, K] transposed (the conv kernel's layout).
+template <class Real, int K>
+void transpose_taps(const Real* src, std::int64_t d, std::int64_t cpad, Real* w) {
+  for (std::int64_t c = 0; c < d; ++c) {
+#pragma GCC unroll 8
+    for (int i = 0; i < K; ++i) w[i * cpad + c] = src[c * K + i];
+  }
+}
+
+// w [K][cpad] = conv_weight [D, K] or [D, 1, K] transposed (the conv kernel's layout); a
+// contiguous weight takes a loop the compiler vectorises for each K.
 template <class Real>
 void transpose_weight(const TensorView& weight, std::int64_t k, std::int64_t d, std::int64_t cpad,
                       Real* w) {
   const Real* src = static_cast<const Real*>(weight.data);
   const std::int64_t channel = weight.strides[0], tap = weight.strides[weight.rank - 1];
+  if (channel == k && tap == 1) {
+    switch (k) {
+      case 1:
+        return transpose_taps<Real, 1>(src, d, cpad, w);
+      case 2:
+        return transpose_taps<Real, 2>(src, d, cpad, w);
+      case 3:
+        return transpose_taps<Real, 3>(src, d, cpad, w);
+      case 4:
+        return transpose_taps<Real, 4>(src, d, cpad, w);
+      default:
+        break;
+    }
+  }
   for (std::int64_t i = 0; i < k; ++i) {
     const Real* column = src + i * tap;
     Real* to = w + i * cpad;

@@ -83,10 +83,10 @@ inline void conv_column(const detail::ConvProblem& p, const Real* const* rows, s
 
 // Forward of tokens [t0, t1) of sequence s with K taps, in sub-blocks of kConvSub tokens: per
 // channel vector the K weights stay in registers and a window of the last K inputs slides down
-// the sub-block, so each input is loaded once per vector. Input rows are read in place when x
-// is contiguous and a whole number of vectors wide; otherwise (a strided view, a channel tail,
-// the conv state's rows) they are staged in the workspace, zero padded. Large outputs are
-// written with non-temporal stores (kConvStreamBytes) when a vector is a cache line.
+// the sub-block, so each input is loaded once per vector. Input rows (x, and the conv state's)
+// are read in place when contiguous and a whole number of vectors wide; otherwise (a strided
+// view, a channel tail, an absent conv state) they are staged in the workspace, zero padded. Large
+// outputs are written with non-temporal stores (kConvStreamBytes) when a vector is a cache line.
 template <class Real, int K>
 void conv_forward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_t t0,
                        std::int64_t t1, std::byte* workspace) {
@@ -108,6 +108,10 @@ void conv_forward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_
       sizeof(Vec<Real>) >= 64 && whole == channels &&
       reinterpret_cast<std::uintptr_t>(xh_base) % sizeof(Vec<Real>) == 0 &&
       p.tokens * channels * static_cast<std::int64_t>(sizeof(Real)) >= kConvStreamBytes;
+  // The conv state's rows, read in place when whole vectors wide (-1: absent, staged zeros).
+  const std::int64_t state_block = p.state_in == nullptr      ? -1
+                                   : p.state_block != nullptr ? p.state_block[s]
+                                                              : s;
   const Real* rows[K - 1 + S];
   for (std::int64_t s0 = t0; s0 < t1; s0 += S) {
     const std::int64_t n = min64(S, t1 - s0);
@@ -115,6 +119,9 @@ void conv_forward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_
       const std::int64_t j = s0 - (K - 1) + r;
       if (j >= 0 && in_place) {
         rows[r] = x + (seq.start + j) * p.x_token;
+      } else if (j < 0 && whole == channels && state_block >= 0) {
+        rows[r] = reinterpret_cast<const Real*>(p.state_in) +
+                  (state_block * (K - 1) + K - 1 + j) * channels;
       } else {
         conv_input_row(p, s, j, stage + r * cp);
         rows[r] = stage + r * cp;
