@@ -1,0 +1,515 @@
+// gemm_compare.cc: lab harness comparing matrix-product libraries with our register-tiled
+// product (src/cpu/gemm-inl.h) on the shapes of the chunked GDN forward at chunk C = 64 and
+// head dim d = 128. Single-threaded, float32, row-major operands that stay in L1/L2 (the same
+// small buffers reused for every call), median of several trials of many calls each; every
+// library's result is first checked against a float64 product of the same operands, and a
+// call that fails the check is not timed. Not part of the library or the test suite; build
+// with -DGDN_BUILD_DEV=ON (each library only when CMake finds it, see dev/CMakeLists.txt):
+//
+//   build/.../dev/gemm_compare [--json] [--trials N] [--isa avx2|avx512|generic]
+//
+// The figures it prints are the comparison quoted in docs/perf.md.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cpu/kernels.h"
+#include "gdn/runtime.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef GDN_DEV_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+#ifdef GDN_DEV_HAVE_LIBXSMM
+#include <libxsmm.h>
+#endif
+#ifdef GDN_DEV_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace gdn::dev {
+// dev/gemm_compare_ours.cc, compiled once per ISA variant of the build.
+#define GDN_DEV_OURS(variant)                                                              \
+  void ours_gemm_##variant(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, \
+                           std::int64_t a_row, std::int64_t a_col, const float* b,         \
+                           std::int64_t ldb, float* c, std::int64_t ldc);                  \
+  const char* ours_tile_##variant();
+GDN_DEV_OURS(generic)
+#ifdef GDN_DEV_HAVE_OURS_AVX2
+GDN_DEV_OURS(avx2)
+#endif
+#ifdef GDN_DEV_HAVE_OURS_AVX512
+GDN_DEV_OURS(avx512)
+#endif
+#undef GDN_DEV_OURS
+using OursGemm = decltype(&ours_gemm_generic);
+}  // namespace gdn::dev
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One product C[m x n] = op(A) op(B), row-major. A is stored m x k (lda = k), or k x m
+// (lda = m) when trans_a; B is stored k x n (ldb = n), or n x k (ldb = k) when trans_b.
+struct Shape {
+  const char* name;  // what the chunked forward computes with it
+  std::int64_t m, n, k;
+  bool trans_a, trans_b;
+};
+
+// Chunk C = 64, head dims Dk = Dv = 128 (src/cpu/chunked_fwd-inl.h).
+const Shape kShapes[] = {
+    {"Q S (C x d . d x d)", 64, 128, 128, false, false},
+    {"[Q;K] S (2C x d . d x d)", 128, 128, 128, false, false},
+    {"Q K^T, K^T packed (C x d . d x C)", 64, 64, 128, false, false},
+    {"Q K^T, K as is (A B^T)", 64, 64, 128, false, true},
+    {"A V (C x C . C x d)", 64, 128, 64, false, false},
+    {"K^T V (A^T B)", 128, 128, 64, true, false},
+    {"K^T V, K^T packed (NN)", 128, 128, 64, false, false},
+    {"tiny: per-call overhead", 8, 16, 8, false, false},
+};
+
+const char* op_name(const Shape& s) {
+  if (s.trans_a) return s.trans_b ? "TT" : "TN";
+  return s.trans_b ? "NT" : "NN";
+}
+
+struct Operands {
+  std::int64_t lda, ldb, ldc;
+  float* a;
+  float* b;
+  float* c;
+  std::vector<double> ref;  // C in float64 from the same float operands
+  double ref_rms;
+};
+
+float* alloc_floats(std::int64_t n) {
+  const std::size_t bytes = (static_cast<std::size_t>(n) * sizeof(float) + 63) / 64 * 64;
+  return static_cast<float*>(std::aligned_alloc(64, bytes));
+}
+
+Operands make_operands(const Shape& s) {
+  Operands o;
+  o.lda = s.trans_a ? s.m : s.k;
+  o.ldb = s.trans_b ? s.k : s.n;
+  o.ldc = s.n;
+  o.a = alloc_floats(s.m * s.k);
+  o.b = alloc_floats(s.k * s.n);
+  o.c = alloc_floats(s.m * s.n);
+  std::uint64_t x = 0x9e3779b97f4a7c15ull ^ static_cast<std::uint64_t>(s.m * 131 + s.n * 7 + s.k);
+  auto uniform = [&x]() {  // xorshift64*, values in [-1, 1)
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    return static_cast<float>(static_cast<double>((x * 0x2545f4914f6cdd1dull) >> 40) /
+                                  static_cast<double>(1ull << 23) -
+                              1.0);
+  };
+  for (std::int64_t i = 0; i < s.m * s.k; ++i) o.a[i] = uniform();
+  for (std::int64_t i = 0; i < s.k * s.n; ++i) o.b[i] = uniform();
+  auto a_at = [&](std::int64_t i, std::int64_t p) {
+    return static_cast<double>(s.trans_a ? o.a[p * o.lda + i] : o.a[i * o.lda + p]);
+  };
+  auto b_at = [&](std::int64_t p, std::int64_t j) {
+    return static_cast<double>(s.trans_b ? o.b[j * o.ldb + p] : o.b[p * o.ldb + j]);
+  };
+  o.ref.assign(static_cast<std::size_t>(s.m * s.n), 0.0);
+  double sum_sq = 0;
+  for (std::int64_t i = 0; i < s.m; ++i) {
+    for (std::int64_t j = 0; j < s.n; ++j) {
+      double acc = 0;
+      for (std::int64_t p = 0; p < s.k; ++p) acc += a_at(i, p) * b_at(p, j);
+      o.ref[i * s.n + j] = acc;
+      sum_sq += acc * acc;
+    }
+  }
+  o.ref_rms = std::sqrt(sum_sq / static_cast<double>(s.m * s.n));
+  return o;
+}
+
+void free_operands(Operands& o) {
+  std::free(o.a);
+  std::free(o.b);
+  std::free(o.c);
+}
+
+// The project's error measure (docs/numerics.md): max |c - ref| / rms(ref); NaN or an
+// unwritten element (C is filled with NaN before the checked call) gives infinity.
+double check_error(const Shape& s, const Operands& o) {
+  double worst = 0;
+  for (std::int64_t i = 0; i < s.m; ++i) {
+    for (std::int64_t j = 0; j < s.n; ++j) {
+      const double d = std::fabs(static_cast<double>(o.c[i * o.ldc + j]) - o.ref[i * s.n + j]);
+      if (!(d <= std::numeric_limits<double>::max())) return INFINITY;
+      worst = std::max(worst, d);
+    }
+  }
+  return worst / o.ref_rms;
+}
+
+struct Timing {
+  double median_us = 0, min_us = 0, max_us = 0;
+  std::int64_t calls_per_trial = 0;
+};
+
+struct Row {
+  const Shape* shape = nullptr;
+  std::string library;
+  std::string kernel;  // which kernel the library chose, or why there is no figure
+  bool ran = false;
+  double error = 0;
+  std::function<void(std::int64_t)> run;  // the checked call, `reps` times in a row
+  Timing timing;
+};
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  }
+  return "unknown CPU";
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
+// Checks one library's call against the float64 product and, when it passes, calibrates its
+// trial (about 20 ms of calls) and appends it to be timed.
+template <class F>
+void add(std::vector<Row>& rows, const Shape& s, Operands& o, std::string library,
+         std::string kernel, F call) {
+  Row row;
+  row.shape = &s;
+  row.library = std::move(library);
+  row.kernel = std::move(kernel);
+  std::fill(o.c, o.c + s.m * o.ldc, std::numeric_limits<float>::quiet_NaN());
+  call();
+  row.error = check_error(s, o);
+  if (row.error <= 1e-4) {
+    row.ran = true;
+    row.run = [call](std::int64_t reps) {
+      for (std::int64_t r = 0; r < reps; ++r) call();
+    };
+    row.run(3);  // warm: operands into cache, lazy setup done
+    std::int64_t reps = 1;
+    for (;;) {
+      const auto t0 = Clock::now();
+      row.run(reps);
+      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (seconds >= 2e-3) {
+        reps = std::max<std::int64_t>(1, static_cast<std::int64_t>(reps * 20e-3 / seconds));
+        break;
+      }
+      reps *= 4;
+    }
+    row.timing.calls_per_trial = reps;
+  } else {
+    row.kernel += " [FAILED the check: not timed]";
+  }
+  rows.push_back(std::move(row));
+}
+
+// Times the rows [first, end) of one shape in interleaved trials (each trial runs every
+// library once, starting with a different one each time), so that a disturbance of the
+// shared machine falls on all of them alike: median, min and max time per call.
+void time_rows(std::vector<Row>& rows, std::size_t first, int trials) {
+  const std::size_t count = rows.size() - first;
+  std::vector<std::vector<double>> us(count);
+  for (int t = 0; t < trials; ++t) {
+    for (std::size_t i = 0; i < count; ++i) {
+      Row& row = rows[first + (i + static_cast<std::size_t>(t)) % count];
+      if (!row.ran) continue;
+      const auto t0 = Clock::now();
+      row.run(row.timing.calls_per_trial);
+      us[(i + static_cast<std::size_t>(t)) % count].push_back(
+          std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
+          static_cast<double>(row.timing.calls_per_trial));
+    }
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    if (us[i].empty()) continue;
+    std::sort(us[i].begin(), us[i].end());
+    Timing& timing = rows[first + i].timing;
+    timing.median_us = us[i][us[i].size() / 2];
+    timing.min_us = us[i].front();
+    timing.max_us = us[i].back();
+  }
+}
+
+void skip(std::vector<Row>& rows, const Shape& s, std::string library, std::string why) {
+  Row row;
+  row.shape = &s;
+  row.library = std::move(library);
+  row.kernel = std::move(why);
+  rows.push_back(std::move(row));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false;
+  int trials = 9;
+  gdn::CpuIsa requested = gdn::CpuIsa::automatic;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0) {
+      json = true;
+    } else if (std::strcmp(argv[i], "--trials") == 0 && i + 1 < argc) {
+      trials = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--isa") == 0 && i + 1 < argc &&
+               (std::strcmp(argv[i + 1], "avx512") == 0 || std::strcmp(argv[i + 1], "avx2") == 0 ||
+                std::strcmp(argv[i + 1], "generic") == 0)) {
+      const char* name = argv[++i];
+      requested = std::strcmp(name, "avx512") == 0 ? gdn::CpuIsa::avx512
+                  : std::strcmp(name, "avx2") == 0 ? gdn::CpuIsa::avx2
+                                                   : gdn::CpuIsa::generic;
+    } else {
+      std::fprintf(stderr, "usage: %s [--json] [--trials N] [--isa avx2|avx512|generic]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (!gdn::cpu_isa_available(requested)) {
+    std::fprintf(stderr, "gemm_compare: ISA %s is not available here\n",
+                 gdn::cpu_isa_name(requested));
+    return 1;
+  }
+  // `isa` picks our variant; the peak is always that of the best ISA this CPU has (the one
+  // the libraries use).
+  const gdn::CpuIsa isa = gdn::resolve_cpu_isa(requested);
+  const gdn::CpuIsa peak_isa = gdn::cpu_isa_available(gdn::CpuIsa::avx512) ? gdn::CpuIsa::avx512
+                               : gdn::cpu_isa_available(gdn::CpuIsa::avx2) ? gdn::CpuIsa::avx2
+                                                                           : gdn::CpuIsa::generic;
+  gdn::dev::OursGemm ours = &gdn::dev::ours_gemm_generic;
+  const char* ours_tile = gdn::dev::ours_tile_generic();
+#ifdef GDN_DEV_HAVE_OURS_AVX2
+  if (isa == gdn::CpuIsa::avx2) {
+    ours = &gdn::dev::ours_gemm_avx2;
+    ours_tile = gdn::dev::ours_tile_avx2();
+  }
+#endif
+#ifdef GDN_DEV_HAVE_OURS_AVX512
+  if (isa == gdn::CpuIsa::avx512) {
+    ours = &gdn::dev::ours_gemm_avx512;
+    ours_tile = gdn::dev::ours_tile_avx512();
+  }
+#endif
+
+  // One thread everywhere: OpenMP (our peak loop; oneDNN's CPU runtime in Debian's build is
+  // OpenMP, so it follows omp_set_num_threads) and OpenBLAS's own pthreads.
+#ifdef _OPENMP
+  omp_set_num_threads(1);
+#endif
+#ifdef GDN_DEV_HAVE_OPENBLAS
+  openblas_set_num_threads(1);
+#endif
+#ifdef GDN_DEV_HAVE_LIBXSMM
+  libxsmm_init();
+#endif
+#ifdef GDN_DEV_HAVE_DNNL
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const dnnl_version_t* dv = dnnl_version();
+  std::string dnnl_runtime = dv->cpu_runtime == DNNL_RUNTIME_OMP   ? "OpenMP"
+                             : dv->cpu_runtime == DNNL_RUNTIME_SEQ ? "sequential"
+                                                                   : "other runtime";
+#ifdef _OPENMP
+  if (dv->cpu_runtime == DNNL_RUNTIME_OMP) {
+    dnnl_runtime += ", " + std::to_string(omp_get_max_threads()) + " thread";
+  }
+#endif
+#endif
+
+  // The FMA peak of the best ISA on one core, measured before and after the products; the
+  // higher of the two counts (the machine is shared: a disturbed measurement only drops).
+  double peak = gdn::cpu::measure_fma_peak_gflops(peak_isa, 1);
+
+  std::vector<Row> rows;
+  for (const Shape& s : kShapes) {
+    Operands o = make_operands(s);
+    const std::size_t first = rows.size();
+    // Ours: A may be read transposed (a_row, a_col); B's rows must be contiguous along n.
+    if (s.trans_b) {
+      skip(rows, s, "ours", "n/a: B is read by rows (the forward packs K^T, chunk_pack_qk)");
+    } else if (s.n % 16 != 0) {
+      skip(rows, s, "ours", "n/a: n not a multiple of 16");
+    } else {
+      const std::int64_t a_row = s.trans_a ? 1 : o.lda, a_col = s.trans_a ? o.lda : 1;
+      add(rows, s, o, "ours",
+          std::string("gemm-inl.h ") + gdn::cpu_isa_name(isa) + ", " + ours_tile,
+          [ours, &s, &o, a_row, a_col] {
+            ours(s.m, s.n, s.k, o.a, a_row, a_col, o.b, o.ldb, o.c, o.ldc);
+          });
+    }
+#ifdef GDN_DEV_HAVE_OPENBLAS
+    add(rows, s, o, "OpenBLAS", std::string("cblas_sgemm, core ") + openblas_get_corename(),
+        [&s, &o] {
+          cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans,
+                      s.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(s.m),
+                      static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, o.a,
+                      static_cast<int>(o.lda), o.b, static_cast<int>(o.ldb), 0.0f, o.c,
+                      static_cast<int>(o.ldc));
+        });
+#endif
+#ifdef GDN_DEV_HAVE_LIBXSMM
+    std::vector<float> xsmm_scratch(static_cast<std::size_t>(s.k * std::max(s.m, s.n)));
+    {
+      // libxsmm is column-major: row-major C = op(A) op(B) is column-major
+      // C^T = op(B)^T op(A)^T, so B's buffer is its first operand and A's the second, and a
+      // row-major transposed B is its TRANS_A (a transposed A its TRANS_B).
+      const libxsmm_blasint m = s.n, n = s.m, k = s.k;
+      const libxsmm_blasint lda = o.ldb, ldb = o.lda, ldc = o.ldc;
+      const float alpha = 1, beta = 0;
+      const int flags =
+          (s.trans_b ? LIBXSMM_GEMM_FLAG_TRANS_A : 0) | (s.trans_a ? LIBXSMM_GEMM_FLAG_TRANS_B : 0);
+      const std::string kernel = std::string("smmdispatch JIT, ") + libxsmm_get_target_arch();
+      const libxsmm_smmfunction f =
+          libxsmm_smmdispatch(m, n, k, &lda, &ldb, &ldc, &alpha, &beta, &flags, nullptr);
+      // Without a JIT kernel for a transposed operand: transpose it into a scratch buffer
+      // (libxsmm_otrans) and run the NN kernel; both are timed.
+      const int nn = 0;
+      const libxsmm_blasint lda_nn = s.trans_b ? m : lda, ldb_nn = s.trans_a ? k : ldb;
+      const libxsmm_smmfunction g =
+          f != nullptr || flags == 0
+              ? nullptr
+              : libxsmm_smmdispatch(m, n, k, &lda_nn, &ldb_nn, &ldc, &alpha, &beta, &nn, nullptr);
+      float* scratch = xsmm_scratch.data();
+      const std::string otrans = "otrans + " + kernel + " (no JIT kernel for TRANS)";
+      if (f != nullptr) {
+        add(rows, s, o, "libxsmm", kernel, [f, &o] { f(o.b, o.a, o.c); });
+      } else if (g != nullptr && s.trans_b) {
+        // B's buffer (k x m column-major) becomes m x k column-major.
+        add(rows, s, o, "libxsmm", otrans, [g, &o, scratch, k, m, lda] {
+          libxsmm_otrans(scratch, o.b, sizeof(float), k, m, lda, m);
+          g(scratch, o.a, o.c);
+        });
+      } else if (g != nullptr) {
+        // A's buffer (n x k column-major) becomes k x n column-major.
+        add(rows, s, o, "libxsmm", otrans, [g, &o, scratch, k, n, ldb] {
+          libxsmm_otrans(scratch, o.a, sizeof(float), n, k, ldb, k);
+          g(o.b, scratch, o.c);
+        });
+      } else {
+        skip(rows, s, "libxsmm", "n/a: no JIT kernel");
+      }
+    }
+#endif
+#ifdef GDN_DEV_HAVE_DNNL
+    {
+      using dnnl::memory;
+      const memory::desc a_md({s.m, s.k}, memory::data_type::f32,
+                              s.trans_a ? memory::dims{1, o.lda} : memory::dims{o.lda, 1});
+      const memory::desc b_md({s.k, s.n}, memory::data_type::f32,
+                              s.trans_b ? memory::dims{1, o.ldb} : memory::dims{o.ldb, 1});
+      const memory::desc c_md({s.m, s.n}, memory::data_type::f32, memory::dims{o.ldc, 1});
+      // Created once per shape; the timed call is execute() alone (and the stream's wait).
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
+      const dnnl::matmul prim(pd);
+      const std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, memory(a_md, engine, o.a)},
+                                                    {DNNL_ARG_WEIGHTS, memory(b_md, engine, o.b)},
+                                                    {DNNL_ARG_DST, memory(c_md, engine, o.c)}};
+      add(rows, s, o, "oneDNN", std::string("matmul ") + pd.impl_info_str() + ", " + dnnl_runtime,
+          [prim, args, &stream] {
+            prim.execute(stream, args);
+            stream.wait();
+          });
+    }
+#endif
+    time_rows(rows, first, trials);
+    free_operands(o);
+  }
+  peak = std::max(peak, gdn::cpu::measure_fma_peak_gflops(peak_isa, 1));
+
+  const std::string machine = cpu_model();
+  if (json) {
+    for (const Row& r : rows) {
+      const Shape& s = *r.shape;
+      const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
+      std::printf(
+          "{\"machine\": \"%s\", \"isa\": \"%s\", \"ours_isa\": \"%s\", \"threads\": 1, "
+          "\"peak_gflops\": %.2f, "
+          "\"shape\": \"%s\", \"op\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
+          "\"library\": \"%s\", \"kernel\": \"%s\", \"ran\": %s",
+          json_escape(machine).c_str(), gdn::cpu_isa_name(peak_isa), gdn::cpu_isa_name(isa), peak,
+          json_escape(s.name).c_str(), op_name(s), static_cast<long long>(s.m),
+          static_cast<long long>(s.n), static_cast<long long>(s.k), json_escape(r.library).c_str(),
+          json_escape(r.kernel).c_str(), r.ran ? "true" : "false");
+      if (r.ran) {
+        std::printf(
+            ", \"error\": %.3e, \"median_us\": %.4f, \"min_us\": %.4f, \"max_us\": %.4f, "
+            "\"calls_per_trial\": %lld, \"gflops\": %.2f, \"pct_peak\": %.2f",
+            r.error, r.timing.median_us, r.timing.min_us, r.timing.max_us,
+            static_cast<long long>(r.timing.calls_per_trial), flops / r.timing.median_us * 1e-3,
+            100.0 * flops / r.timing.median_us * 1e-3 / peak);
+      }
+      std::printf("}\n");
+    }
+    return 0;
+  }
+
+  std::printf(
+      "matrix products on the chunk shapes (C = 64, d = 128): float32, row-major, 1 thread,"
+      " in cache, median of %d trials\n",
+      trials);
+  std::printf("machine: %s; ISA %s%s%s%s\n", machine.c_str(), gdn::cpu_isa_name(peak_isa),
+              isa != peak_isa ? " (ours: " : "", isa != peak_isa ? gdn::cpu_isa_name(isa) : "",
+              isa != peak_isa ? ")" : "");
+  std::printf("fp32 FMA peak, measured now (%s, 1 thread): %.1f GFLOP/s\n",
+              gdn::cpu_isa_name(peak_isa), peak);
+#ifdef GDN_DEV_HAVE_OPENBLAS
+  std::printf("OpenBLAS: %s; %d thread(s)\n", openblas_get_config(), openblas_get_num_threads());
+#endif
+#ifdef GDN_DEV_HAVE_LIBXSMM
+  std::printf("libxsmm: %s (API v1), JIT target %s\n", LIBXSMM_CONFIG_VERSION,
+              libxsmm_get_target_arch());
+#endif
+#ifdef GDN_DEV_HAVE_DNNL
+  std::printf("oneDNN: %d.%d.%d, CPU runtime %s\n", dv->major, dv->minor, dv->patch,
+              dnnl_runtime.c_str());
+#endif
+  std::printf(
+      "error = max|c - ref| / rms(ref) against a float64 product (1e-4 or the call is not"
+      " timed)\n\n");
+  std::printf("%-34s %-2s %4s %4s %4s  %-8s %9s %21s %8s %7s %9s  %s\n", "shape", "op", "M", "N",
+              "K", "library", "median us", "(min - max)", "GFLOP/s", "% peak", "error", "kernel");
+  const Shape* last = nullptr;
+  for (const Row& r : rows) {
+    const Shape& s = *r.shape;
+    if (last != nullptr && last != &s) std::printf("\n");
+    last = &s;
+    std::printf("%-34s %-2s %4lld %4lld %4lld  %-8s ", s.name, op_name(s),
+                static_cast<long long>(s.m), static_cast<long long>(s.n),
+                static_cast<long long>(s.k), r.library.c_str());
+    if (!r.ran) {
+      std::printf("%9s %21s %8s %7s %9s  %s\n", "-", "", "-", "-",
+                  r.error > 0 ? (std::isinf(r.error) ? "inf" : "fail") : "-", r.kernel.c_str());
+      continue;
+    }
+    const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k);
+    const double gflops = flops / r.timing.median_us * 1e-3;
+    char range[64];
+    std::snprintf(range, sizeof range, "(%.3f - %.3f)", r.timing.min_us, r.timing.max_us);
+    std::printf("%9.3f %21s %8.1f %6.1f%% %9.2e  %s\n", r.timing.median_us, range, gflops,
+                100.0 * gflops / peak, r.error, r.kernel.c_str());
+  }
+  return 0;
+}
