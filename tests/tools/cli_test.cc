@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "common/layer_problem.h"
 #include "common/problem.h"
 #include "npy.h"
+#include "svg_plot.h"
 
 #ifndef GDN_CLI_PATH
 #error "GDN_CLI_PATH must name the gdn executable"
@@ -684,6 +686,101 @@ TEST_F(Cli, BenchStepJsonLines) {
   const Result bad = gdn_cli("bench --op step --preset decode-3");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.output.find("'--preset'"), std::string::npos) << bad.output;
+}
+
+// The suite on its tiny shape: a JSON line for every op at every token count and thread count,
+// the bf16 line, and a well-formed plot naming the ops.
+TEST_F(Cli, BenchSuiteJsonLinesAndPlot) {
+  const std::string svg_path = path("s.svg");
+  const Result run =
+      gdn_cli("bench --suite --quick --repeats 1 --json --threads 1,2 --out '" + svg_path + "'");
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::vector<std::string> lines;
+  std::size_t at = 0;
+  while ((at = run.output.find("{\"op\": ", at)) != std::string::npos) {
+    const std::size_t end = run.output.find('}', at);
+    ASSERT_NE(end, std::string::npos) << run.output;
+    const std::string line = run.output.substr(at, end + 1 - at);
+    for (const char* field :
+         {"\"impl\"", "\"dtype\": \"f32\"", "\"threads\"", "\"tokens\"", "\"median_ms\"",
+          "\"min_ms\"", "\"max_ms\"", "\"us_per_token_head\"", "\"gflops\"", "\"peak_gflops\"",
+          "\"pct_peak\"", "\"residual_bytes\"", "\"peak_rss_bytes\"", "\"check_error\""}) {
+      EXPECT_NE(line.find(field), std::string::npos) << field << " missing in " << line;
+    }
+    for (const char* bad : {"nan", "inf", ": ,", ": }", ",}"}) {
+      EXPECT_EQ(line.find(bad), std::string::npos) << bad << " in " << line;
+    }
+    lines.push_back(line);
+    at = end;
+  }
+  // 2 thread counts x (2 token counts x 6 cases + 2 decode batches).
+  EXPECT_EQ(lines.size(), 28u) << run.output;
+  auto count = [&](const std::string& needle) {
+    int n = 0;
+    for (const std::string& line : lines) n += line.find(needle) != std::string::npos ? 1 : 0;
+    return n;
+  };
+  EXPECT_EQ(count("\"op\": \"forward\", \"impl\": \"chunked\""), 8);
+  EXPECT_EQ(count("\"op\": \"forward\", \"impl\": \"recurrent\""), 4);  // the baseline
+  for (const char* op : {"backward-all", "backward-t_inv", "backward-none", "decode"}) {
+    EXPECT_EQ(count(std::string("\"op\": \"") + op + "\""), 4) << op;
+  }
+  EXPECT_EQ(count("\"threads\": 2,"), 14);
+  EXPECT_EQ(count("\"tokens\": 256,"), 12);
+  EXPECT_NE(run.output.find("bf16: not available in this build"), std::string::npos);
+  EXPECT_EQ(run.output.find("FAIL"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("plot written to " + svg_path), std::string::npos) << run.output;
+
+  std::ifstream in(svg_path);
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(svg.rfind("<svg", 0), 0u) << svg.substr(0, 100);
+  EXPECT_EQ(svg.substr(svg.find_last_not_of('\n') - 5, 6), "</svg>");
+  for (const char* name : {"forward", "baseline", "backward-all", "backward-t_inv", "backward-none",
+                           "decode", "peak RSS", "residual MiB", "% of peak"}) {
+    EXPECT_NE(svg.find(name), std::string::npos) << name;
+  }
+  EXPECT_EQ(svg.find("nan"), std::string::npos);
+  EXPECT_EQ(gdn_cli("bench --suite --threads 0").code, 2);
+  EXPECT_EQ(gdn_cli("bench --suite --seq 8q").code, 2);
+  const Result help = gdn_cli("bench --suite --help");
+  EXPECT_NE(help.output.find("bf16: not available in this build"), std::string::npos);
+}
+
+// Counts `needle` in `text`.
+int occurrences(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (std::size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
+    ++n;
+  return n;
+}
+
+// The plot writer alone: panels side by side, escaped text, balanced groups, points that a
+// log axis cannot show left out, empty panels still well-formed.
+TEST(SvgPlot, RendersWellFormedPanels) {
+  using cli::svg::Panel;
+  using cli::svg::Series;
+  Panel lines{Panel::Kind::log_lines, "latency", "tokens", "ms", {}, {}};
+  lines.series.push_back({"a<b", {1, 10, 100}, {0.5, 5, 50}, -1, false});
+  lines.series.push_back({"c & d", {1, 100}, {0, 20}, -1, true});  // 0 is left out
+  Panel bars{Panel::Kind::bars, "memory", "policy", "MiB", {"all", "none"}, {}};
+  bars.series.push_back({"rss", {}, {12.5, 3}, 0, false});
+  const Panel empty{Panel::Kind::bars, "empty", "x", "y", {}, {}};
+  const std::string svg = cli::svg::render("title \"q\"", {lines, bars, empty});
+  EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
+  EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
+  EXPECT_EQ(occurrences(svg, "<g "), 3);
+  EXPECT_EQ(occurrences(svg, "</g>"), 3);
+  EXPECT_EQ(occurrences(svg, "<polyline"), 2);
+  EXPECT_EQ(occurrences(svg, "<text"), occurrences(svg, "</text>"));
+  EXPECT_NE(svg.find("a&lt;b"), std::string::npos);
+  EXPECT_NE(svg.find("c &amp; d"), std::string::npos);
+  EXPECT_NE(svg.find("title &quot;q&quot;"), std::string::npos);
+  EXPECT_EQ(svg.find("a<b"), std::string::npos);
+  EXPECT_NE(svg.find("rss all: 12.5"), std::string::npos);
+  for (const char* bad : {"nan", "inf"}) EXPECT_EQ(svg.find(bad), std::string::npos) << bad;
+  const std::string none = cli::svg::render("nothing", {});
+  EXPECT_EQ(none.rfind("<svg", 0), 0u);
+  EXPECT_EQ(none.substr(none.size() - 7), "</svg>\n");
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "args.h"
 #include "bench/cost_model.h"
 #include "bench/error_stats.h"
+#include "bench_cases.h"
 #include "bench_util.h"
 #include "commands.h"
 #include "cpu/kernels.h"
@@ -26,7 +27,8 @@ const char* const kBenchHelp = R"HELP(usage: gdn bench [options]
 
 Times the gated delta rule's forward and backward passes at one problem shape (--op layer:
 the whole fused layer op; --op conv: its conv1d + SiLU; --op step: serving steps of the layer
-op over state-slot pools; each has its own --help). Cases: the chunked forward
+op over state-slot pools; --suite: the benchmark suite, these cases and a decode step at 8k and
+64k tokens with 1 and all threads, plotted; each has its own --help). Cases: the chunked forward
 without and with residuals, the token-recurrence baseline, and the chunked backward under each
 remat policy (all: from kept chunk_states and t_inv; t_inv: rebuilding the chunk states;
 none: rebuilding both; the forward that produced the residuals is not timed). For each: median
@@ -50,6 +52,7 @@ examples:
   gdn bench --op layer --json
   gdn bench --op conv --threads 1
   gdn bench --op step --preset decode-1,decode-256
+  gdn bench --suite --seq 8k --threads 1,all
 )HELP";
 
 namespace {
@@ -126,6 +129,9 @@ int bench_command(int argc, char** argv) {
   if (op == "layer") return bench_layer_command(argc, argv);
   if (op == "conv") return bench_conv_command(argc, argv);
   if (op == "step") return bench_step_command(argc, argv);
+  for (int i = 2; i < argc; ++i) {
+    if (std::string(argv[i]) == "--suite") return bench_suite_command(argc, argv);
+  }
   const Args args(kOptions, argc, argv, 2);
   args.choice("op", "core", {"core", "layer", "conv", "step"});
   if (args.flag("help")) {
@@ -149,7 +155,6 @@ int bench_command(int argc, char** argv) {
   }
   const CpuIsa isa = resolve_cpu_isa(isa_option(args));
   if (threads == 0) threads = default_threads();
-  const std::int64_t total = tokens * seqs;
 
   std::FILE* info = json ? stderr : stdout;
   std::fprintf(info,
@@ -160,6 +165,33 @@ int bench_command(int argc, char** argv) {
                static_cast<long long>(tokens), chunk);
   std::fprintf(info, "machine: %s; ISA %s; %d thread%s\n", cpu_model_name().c_str(),
                cpu_isa_name(isa), threads, threads == 1 ? "" : "s");
+
+  CoreBenchConfig config;
+  config.tokens = tokens;
+  config.seqs = seqs;
+  config.hk = hk;
+  config.hv = hv;
+  config.dk = dk;
+  config.dv = dv;
+  config.chunk = chunk;
+  config.repeats = repeats;
+  config.threads = threads;
+  config.isa = isa;
+  config.cases = which;
+  config.json = json;
+  config.info = info;
+  return run_core_bench(config, nullptr);
+}
+
+int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* results) {
+  const std::int64_t tokens = config.tokens, seqs = config.seqs, hk = config.hk, hv = config.hv,
+                     dk = config.dk, dv = config.dv;
+  const int chunk = config.chunk, repeats = config.repeats, threads = config.threads;
+  const CpuIsa isa = config.isa;
+  const std::string& which = config.cases;
+  const bool json = config.json;
+  std::FILE* info = config.info;
+  const std::int64_t total = tokens * seqs;
 
   // Inputs: q, k, v uniform in [-1, 1) (normalised in the kernel), g in [-2, 0) (decays
   // between 0.14 and 1 per token), beta in [0, 1); the cotangent d_o uniform in [-1, 1).
@@ -338,11 +370,14 @@ int bench_command(int argc, char** argv) {
     for (Residuals kept : {Residuals::all, Residuals::t_inv, Residuals::none}) backward_case(kept);
   }
 
-  progress("  measuring the fp32 FMA peak...");
-  const double peak = cpu::measure_fma_peak_gflops(isa, threads);
-  progress("%s", "");
-  std::fprintf(info, "fp32 FMA peak, measured now (%s, %d thread%s): %.1f GFLOP/s\n",
-               cpu_isa_name(isa), threads, threads == 1 ? "" : "s", peak);
+  double peak = config.peak_gflops;
+  if (!(peak > 0)) {
+    progress("  measuring the fp32 FMA peak...");
+    peak = cpu::measure_fma_peak_gflops(isa, threads);
+    progress("%s", "");
+    std::fprintf(info, "fp32 FMA peak, measured now (%s, %d thread%s): %.1f GFLOP/s\n",
+                 cpu_isa_name(isa), threads, threads == 1 ? "" : "s", peak);
+  }
 
   std::vector<Timing> timings;
   std::vector<std::string> rows;
@@ -370,6 +405,10 @@ int bench_command(int argc, char** argv) {
     timings.push_back(t);
     const double us_per = t.median_ms * 1e3 / static_cast<double>(total * hv);
     const double gflops = c.flops / (t.median_ms * 1e-3) * 1e-9;
+    if (results != nullptr) {
+      results->push_back(
+          {c.op, c.impl, c.residuals, t, c.flops, us_per, gflops, peak, error, c.residual_bytes});
+    }
     if (json) {
       std::printf(
           "{\"op\": \"%s\", \"impl\": \"%s\", \"residuals\": \"%s\", \"dtype\": \"f32\", "
@@ -396,7 +435,7 @@ int bench_command(int argc, char** argv) {
     }
     std::fflush(stdout);
   }
-  if (!json) {
+  if (!json && config.table) {
     std::printf("\n%-9s %-10s %-6s %11s %21s %12s %9s %7s %14s %13s\n", "op", "impl", "resid",
                 "median ms", "(min - max)", "us/tok*head", "GFLOP/s", "% peak", "residual MiB",
                 "peak RSS MiB");

@@ -14,6 +14,7 @@
 
 #include "args.h"
 #include "bench/error_stats.h"
+#include "bench_cases.h"
 #include "bench_util.h"
 #include "commands.h"
 #include "gdn/gdn.h"
@@ -456,6 +457,78 @@ void parallel_copy(void* to, const std::vector<const void*>& from, std::int64_t 
   for (std::thread& w : workers) w.join();
 }
 
+// One preset's step on fresh pools: checked against the float64 reference (the check line on
+// `info`), then timed; batches without prefills also time a copy of their states.
+struct StepMeasurement {
+  StepData d;
+  Timing timing;
+  double error = 0, gbps = 0, copy_gbps = 0;
+  std::int64_t bytes = 0;
+};
+
+int measure_step(const Preset& p, const Model& m, int threads, CpuIsa isa, int repeats,
+                 std::FILE* info, StepMeasurement* result) {
+  const std::int64_t channels = 2 * m.hk * m.dk + m.hv * m.dv;
+  const std::string label = m.name + " " + p.name;
+  progress("  %s: generating inputs...", label.c_str());
+  result->d = make_step(p, m, threads, isa, 20261202);
+  StepData& d = result->d;
+  progress("  %s: float64 reference on the check slice...", label.c_str());
+  StepData s = slice_of(d);
+  const Tensor ref_out = ref::fused_gdn_step(s.inputs(), s.pools(), s.options);
+  progress("  %s: first step...", label.c_str());
+  Tensor out(DType::f32, {d.tokens, m.hv * m.dv});
+  const StepInputs inputs = d.inputs();
+  const StatePools pools = d.pools();
+  auto run = [&] { fused_gdn_step(inputs, pools, out.mutable_view(), d.options); };
+  run();  // the checked first run, also the warm-up
+  const double error = check_step(d, s, out, ref_out);
+  result->error = error;
+  s = StepData{};
+  progress("%s", "");
+  std::fprintf(info,
+               "check: %s vs float64 reference (%lld seqs, %lld tokens x %lld heads, "
+               "%lld slots): error %.2e (tolerance %.0e) %s\n",
+               label.c_str(), static_cast<long long>(d.seqs), static_cast<long long>(d.live_tokens),
+               static_cast<long long>(m.hv / m.hk), static_cast<long long>(d.slots), error,
+               kTolerance, error <= kTolerance ? "PASS" : "FAIL");
+  if (!(error <= kTolerance)) {
+    std::fprintf(stderr,
+                 "gdn bench: the step of preset %s does not match the float64 reference; not "
+                 "timing it\n",
+                 p.name);
+    return 1;
+  }
+  result->timing = time_runs(run, repeats, label);
+  const Timing& t = result->timing;
+
+  // Bytes the step must move: states read and written, input rows, output rows.
+  const std::int64_t state_bytes = m.hv * m.dk * m.dv * 4;
+  const std::int64_t conv_bytes = (kTaps - 1) * channels * 4;
+  result->bytes = (d.states_read + d.states_written) * (state_bytes + conv_bytes) +
+                  d.live_tokens * (channels + 2 * m.hv + m.hv * m.dv) * 4;
+  result->gbps = static_cast<double>(result->bytes) / (t.median_ms * 1e-3) * 1e-9;
+  // The floor of a batch without prefills: a copy of the recurrent states it writes, from
+  // the pool into another buffer.
+  const bool memory_bound = p.prefills.empty();
+  if (memory_bound) {
+    const std::int64_t copy_bytes = d.states_written * state_bytes;
+    Tensor to(DType::f32, {d.states_written, m.hv, m.dk, m.dv});
+    std::vector<const void*> from;  // the slots the step writes, where they are in the pool
+    for (std::int64_t seq = 0; seq < d.decodes; ++seq) {
+      const std::int64_t first = d.state_indices.data<std::int64_t>()[seq];
+      for (std::int64_t w = 0; w <= d.options.num_spec; ++w) {
+        from.push_back(d.recurrent_state.data<float>() + (first + w) * (state_bytes / 4));
+      }
+    }
+    auto copy = [&] { parallel_copy(to.raw(), from, state_bytes, threads); };
+    copy();  // warm-up
+    const Timing c = time_runs(copy, repeats, label + " (copy of the states)");
+    result->copy_gbps = 2.0 * static_cast<double>(copy_bytes) / (c.median_ms * 1e-3) * 1e-9;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int bench_step_command(int argc, char** argv) {
@@ -528,62 +601,13 @@ int bench_step_command(int argc, char** argv) {
                  static_cast<long long>(m.dk), static_cast<long long>(m.dv),
                  static_cast<long long>(channels));
     for (const Preset* p : presets) {
-      const std::string label = m.name + " " + p->name;
-      progress("  %s: generating inputs...", label.c_str());
-      StepData d = make_step(*p, m, threads, isa, 20261202);
-      progress("  %s: float64 reference on the check slice...", label.c_str());
-      StepData s = slice_of(d);
-      const Tensor ref_out = ref::fused_gdn_step(s.inputs(), s.pools(), s.options);
-      progress("  %s: first step...", label.c_str());
-      Tensor out(DType::f32, {d.tokens, m.hv * m.dv});
-      const StepInputs inputs = d.inputs();
-      const StatePools pools = d.pools();
-      auto run = [&] { fused_gdn_step(inputs, pools, out.mutable_view(), d.options); };
-      run();  // the checked first run, also the warm-up
-      const double error = check_step(d, s, out, ref_out);
-      s = StepData{};
-      progress("%s", "");
-      std::fprintf(info,
-                   "check: %s vs float64 reference (%lld seqs, %lld tokens x %lld heads, "
-                   "%lld slots): error %.2e (tolerance %.0e) %s\n",
-                   label.c_str(), static_cast<long long>(d.seqs),
-                   static_cast<long long>(d.live_tokens), static_cast<long long>(m.hv / m.hk),
-                   static_cast<long long>(d.slots), error, kTolerance,
-                   error <= kTolerance ? "PASS" : "FAIL");
-      if (!(error <= kTolerance)) {
-        std::fprintf(stderr,
-                     "gdn bench: the step of preset %s does not match the float64 reference; not "
-                     "timing it\n",
-                     p->name);
-        return 1;
-      }
-      const Timing t = time_runs(run, repeats, label);
-
-      // Bytes the step must move: states read and written, input rows, output rows.
-      const std::int64_t state_bytes = m.hv * m.dk * m.dv * 4;
-      const std::int64_t conv_bytes = (kTaps - 1) * channels * 4;
-      const std::int64_t bytes = (d.states_read + d.states_written) * (state_bytes + conv_bytes) +
-                                 d.live_tokens * (channels + 2 * m.hv + m.hv * m.dv) * 4;
-      const double gbps = static_cast<double>(bytes) / (t.median_ms * 1e-3) * 1e-9;
-      // The floor of a batch without prefills: a copy of the recurrent states it writes, from
-      // the pool into another buffer.
+      StepMeasurement sm;
+      if (measure_step(*p, m, threads, isa, repeats, info, &sm) != 0) return 1;
+      const StepData& d = sm.d;
+      const Timing& t = sm.timing;
+      const double error = sm.error, gbps = sm.gbps, copy_gbps = sm.copy_gbps;
+      const std::int64_t bytes = sm.bytes;
       const bool memory_bound = p->prefills.empty();
-      double copy_gbps = 0;
-      if (memory_bound) {
-        const std::int64_t copy_bytes = d.states_written * state_bytes;
-        Tensor to(DType::f32, {d.states_written, m.hv, m.dk, m.dv});
-        std::vector<const void*> from;  // the slots the step writes, where they are in the pool
-        for (std::int64_t seq = 0; seq < d.decodes; ++seq) {
-          const std::int64_t first = d.state_indices.data<std::int64_t>()[seq];
-          for (std::int64_t w = 0; w <= d.options.num_spec; ++w) {
-            from.push_back(d.recurrent_state.data<float>() + (first + w) * (state_bytes / 4));
-          }
-        }
-        auto copy = [&] { parallel_copy(to.raw(), from, state_bytes, threads); };
-        copy();  // warm-up
-        const Timing c = time_runs(copy, repeats, label + " (copy of the states)");
-        copy_gbps = 2.0 * static_cast<double>(copy_bytes) / (c.median_ms * 1e-3) * 1e-9;
-      }
       const double tokens_per_s = static_cast<double>(d.live_tokens) / (t.median_ms * 1e-3);
       if (json) {
         char copy_fields[96] = "\"copy_gbps\": null, \"vs_copy\": null";
@@ -636,6 +660,27 @@ int bench_step_command(int argc, char** argv) {
         "threads (batches without prefills).\n",
         threads, threads == 1 ? "" : "s");
   }
+  return 0;
+}
+
+int run_decode_bench(const DecodeBenchConfig& config, DecodeBenchResult* result) {
+  const std::string name = "decode-" + std::to_string(config.batch);
+  const Preset preset{name.c_str(), "", config.batch, 1, {}, 0, 0};
+  const Model model{"suite", config.hk, config.hv, config.dk, config.dv};
+  reset_peak_rss();
+  StepMeasurement sm;
+  if (measure_step(preset, model, config.threads, config.isa, config.repeats, config.info, &sm) !=
+      0) {
+    return 1;
+  }
+  result->timing = sm.timing;
+  result->timing.peak_rss = peak_rss_bytes();
+  result->check_error = sm.error;
+  result->gbps = sm.gbps;
+  result->copy_gbps = sm.copy_gbps;
+  result->bytes = sm.bytes;
+  result->slots = sm.d.slots;
+  result->tokens_per_s = static_cast<double>(sm.d.live_tokens) / (sm.timing.median_ms * 1e-3);
   return 0;
 }
 

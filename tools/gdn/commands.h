@@ -11,6 +11,7 @@ int bench_command(int argc, char** argv);
 int bench_layer_command(int argc, char** argv);  // gdn bench --op layer
 int bench_conv_command(int argc, char** argv);   // gdn bench --op conv
 int bench_step_command(int argc, char** argv);   // gdn bench --op step
+int bench_suite_command(int argc, char** argv);  // gdn bench --suite
 int layer_forward_command(int argc, char** argv);
 int layer_backward_command(int argc, char** argv);
 int step_command(int argc, char** argv);

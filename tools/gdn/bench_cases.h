@@ -1,0 +1,59 @@
+// bench_cases.h: the measured cases of `gdn bench` (the core: forward and backward under each
+// remat policy, bench_command.cc) and the decode batches of `gdn bench --op step`
+// (bench_step.cc), callable in-process so that `gdn bench --suite` (bench_suite.cc) runs them
+// with the same checks and the same JSON lines.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "gdn/gdn.h"
+
+namespace gdn::cli {
+
+// One problem shape and the way to run `gdn bench`'s cases on it.
+struct CoreBenchConfig {
+  std::int64_t tokens = 8192, seqs = 1, hk = 16, hv = 32, dk = 128, dv = 128;
+  int chunk = 64, repeats = 5, threads = 1;
+  CpuIsa isa = CpuIsa::generic;
+  std::string cases = "all";  // all, forward or backward
+  bool json = false;          // one JSON line per case on stdout
+  bool table = true;          // the table and the ratios on stdout (when not json)
+  std::FILE* info = stdout;   // the peak and check lines
+  double peak_gflops = 0;     // the fp32 FMA peak; 0: measure it (and say so on `info`)
+};
+
+// One measured case.
+struct CoreCaseResult {
+  std::string op, impl, residuals;  // op: forward or backward; residuals: all, t_inv or none
+  Timing timing;                    // with the case's peak RSS
+  double flops = 0, us_per_token_head = 0, gflops = 0, peak_gflops = 0, check_error = 0;
+  std::int64_t residual_bytes = 0;
+};
+
+// Checks and times the cases; 0, or 1 when a check failed (said on stderr).
+int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* results);
+
+// One decode-only serving step (gdn::fused_gdn_step, conv K = 4): `batch` sequences of one
+// token each, with a history, at the given head shape.
+struct DecodeBenchConfig {
+  std::int64_t batch = 1, hk = 16, hv = 32, dk = 128, dv = 128;
+  int repeats = 20, threads = 1;
+  CpuIsa isa = CpuIsa::generic;
+  std::FILE* info = stdout;  // the check line
+};
+
+struct DecodeBenchResult {
+  Timing timing;  // with the peak RSS of making, checking and timing the step
+  double check_error = 0, gbps = 0, copy_gbps = 0, tokens_per_s = 0;
+  std::int64_t bytes = 0, slots = 0;
+};
+
+// Checks and times the step (and the copy of its states, the floor); 0, or 1 when the check
+// failed (said on stderr).
+int run_decode_bench(const DecodeBenchConfig& config, DecodeBenchResult* result);
+
+}  // namespace gdn::cli
