@@ -96,8 +96,9 @@ std::size_t backward_workspace_bytes(const detail::BackwardProblem& p, std::int6
       backward_layout(p.fwd.shape.dk, p.fwd.shape.dv, p.fwd.chunk_size, heads, slots).total * elem);
 }
 
-std::size_t conv_workspace_bytes(const detail::ConvProblem& p) {
-  return static_cast<std::size_t>(conv_workspace_elements(p.taps, p.cpad)) * dtype_size(p.dtype);
+std::size_t conv_workspace_bytes(const detail::ConvProblem& p, bool backward) {
+  return static_cast<std::size_t>(conv_workspace_elements(p.taps, p.cpad, backward)) *
+         dtype_size(p.dtype);
 }
 
 std::int64_t conv_partial_elements(const detail::ConvProblem& p) { return (p.taps + 1) * p.cpad; }

@@ -32,7 +32,7 @@ using BackwardItemFn = void (*)(const detail::BackwardProblem& problem, std::int
 // The layer op's conv1d + SiLU (src/cpu/conv1d-inl.h), per work item: tokens [t0, t1) of
 // sequence `seq`, all channels. Backward writes the item's partial d weight [K][cpad] and
 // d bias [cpad] into `partial` (conv_partial_elements(problem) elements of the dtype). The
-// workspace holds conv_workspace_bytes(problem) bytes.
+// workspace holds conv_workspace_bytes(problem, backward) bytes.
 using ConvForwardFn = void (*)(const detail::ConvProblem& problem, std::int64_t seq,
                                std::int64_t t0, std::int64_t t1, std::byte* workspace);
 using ConvBackwardFn = void (*)(const detail::ConvProblem& problem, std::int64_t seq,
@@ -81,9 +81,9 @@ std::size_t forward_workspace_bytes(const detail::ForwardProblem& problem, std::
 std::size_t backward_workspace_bytes(const detail::BackwardProblem& problem, std::int64_t heads,
                                      std::int64_t chunks, std::int64_t segment);
 
-// The conv items' workspace in bytes, and the elements of one backward item's partial
-// d weight and d bias.
-std::size_t conv_workspace_bytes(const detail::ConvProblem& problem);
+// The conv items' workspace in bytes (forward or backward items), and the elements of one
+// backward item's partial d weight and d bias.
+std::size_t conv_workspace_bytes(const detail::ConvProblem& problem, bool backward);
 std::int64_t conv_partial_elements(const detail::ConvProblem& problem);
 
 // A decode item's workspace in bytes.

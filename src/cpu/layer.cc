@@ -50,7 +50,7 @@ void conv_forward(const detail::ConvProblem& p, CpuIsa isa, int threads) {
   const ConvForwardFn fn = p.dtype == DType::f64 ? table.conv_forward_f64 : table.conv_forward_f32;
   const std::vector<ConvItem> items = conv_items(p);
   for_each_item(threads > 0 ? threads : default_threads(), static_cast<std::int64_t>(items.size()),
-                conv_workspace_bytes(p), [&](std::int64_t i, std::byte* workspace) {
+                conv_workspace_bytes(p, false), [&](std::int64_t i, std::byte* workspace) {
                   const ConvItem& item = items[static_cast<std::size_t>(i)];
                   fn(p, item.seq, item.t0, item.t1, workspace);
                 });
@@ -65,7 +65,7 @@ void conv_backward(const detail::ConvProblem& p, CpuIsa isa, int threads) {
   const std::size_t partial_bytes =
       static_cast<std::size_t>(conv_partial_elements(p)) * dtype_size(p.dtype);
   std::vector<std::byte> partials(partial_bytes * static_cast<std::size_t>(count));
-  for_each_item(threads > 0 ? threads : default_threads(), count, conv_workspace_bytes(p),
+  for_each_item(threads > 0 ? threads : default_threads(), count, conv_workspace_bytes(p, true),
                 [&](std::int64_t i, std::byte* workspace) {
                   const ConvItem& item = items[static_cast<std::size_t>(i)];
                   fn(p, item.seq, item.t0, item.t1,

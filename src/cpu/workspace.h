@@ -148,13 +148,13 @@ inline constexpr std::int64_t kConvTokens = 256;
 inline constexpr std::int64_t kConvSub = 16;
 inline constexpr std::int64_t kConvStreamBytes = std::int64_t{32} << 20;
 
-// Workspace in elements, rows cpad long: the larger of the forward's (K - 1 + kConvSub staged
-// input rows and kConvSub tail vectors) and the backward's (K - 1 rows of carried dy, staged
-// rows of K - 1 + kConvSub inputs, kConvSub cotangents and kConvSub dx, one row of zeros).
-static constexpr std::int64_t conv_workspace_elements(std::int64_t taps, std::int64_t cpad) {
-  const std::int64_t forward = (taps - 1 + kConvSub) * cpad + kConvSub * kPad;
-  const std::int64_t backward = (2 * taps - 1 + 3 * kConvSub) * cpad;
-  return forward > backward ? forward : backward;
+// Workspace in elements, rows cpad long: the forward's (K - 1 + kConvSub staged input rows and
+// kConvSub tail vectors), the backward's (K - 1 rows of carried dy, staged rows of
+// K - 1 + kConvSub inputs, kConvSub cotangents and kConvSub dx, one row of zeros).
+static constexpr std::int64_t conv_workspace_elements(std::int64_t taps, std::int64_t cpad,
+                                                      bool backward) {
+  return backward ? (2 * taps - 1 + 3 * kConvSub) * cpad
+                  : (taps - 1 + kConvSub) * cpad + kConvSub * kPad;
 }
 
 struct RecurrentLayout {
