@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""NumPy interoperability of `gdn forward` and `gdn layer-forward`, checked against an
-independent NumPy implementation.
+"""NumPy interoperability of `gdn forward`, `gdn layer-forward` and `gdn step`, checked against
+an independent NumPy implementation.
 
 Writes inputs with np.save exactly as a framework dump would, runs the gdn tool, reads its
 outputs with np.load, and compares them with the gated delta rule written here in float64
@@ -9,7 +9,8 @@ NumPy straight from docs/math.md (a second, independent implementation of the de
     alpha = exp(g);  u = beta (v - alpha S^T k);  S = alpha S + k u^T;  o = scale S^T q
 
 and, for the layer op (docs/math.md section 6), the causal conv1d + SiLU, the split into
-q | k | v heads and the gates beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias) before it.
+q | k | v heads and the gates beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias) before it;
+for a serving step (docs/math.md section 7), the slots each sequence reads and writes.
 
 Usage: numpy_interop_test.py PATH/TO/gdn
 """
@@ -145,6 +146,7 @@ def main():
             failures.append(f"Fortran-order v.npy: exit {code}, output {out!r}")
 
         failures += check_layer(gdn, rng, tmp)
+        failures += check_step(gdn, rng, tmp)
 
     for f in failures:
         print("FAIL:", f)
@@ -194,6 +196,91 @@ def check_layer(gdn, rng, tmp):
     state = np.load(os.path.join(tmp, "layer_fast", "conv_state_out.npy"))
     if not np.array_equal(state, want[1].astype(np.float32)):
         failures.append("conv_state_out is not the last K - 1 raw inputs")
+    return failures
+
+
+def step(inputs, hk, hv, dk, dv):
+    """A serving step in float64 NumPy (include/gdn/step.h), every live sequence through layer()
+    on its own, a decode window token by token: out and the two pools after the step."""
+    qsl, slots, lens = inputs["query_start_loc"], inputs["state_indices"], inputs["seq_lens"]
+    decode_end, _, mixed_end = (int(x) for x in inputs["distribution"])
+    offsets = inputs.get("read_offsets", np.zeros_like(slots))
+    conv = inputs["conv_state"].astype(np.float64)
+    rec = inputs["recurrent_state"].astype(np.float64)
+    T = inputs["qkv"].shape[0]
+    out = np.zeros((T, hv * dv))
+    params = [inputs[n] for n in ("conv_weight", "conv_bias", "A_log", "dt_bias")]
+    for s in range(mixed_end):
+        lo, hi = int(qsl[s]), int(qsl[s + 1])
+        read = int(slots[s] + offsets[s]) if lens[s] > hi - lo else -1
+        pieces = [(t, t + 1) for t in range(lo, hi)] if s < decode_end else [(lo, hi)]
+        for i, (a, b) in enumerate(pieces):
+            c0 = conv[read:read + 1].copy() if read >= 0 else np.zeros((1,) + conv.shape[1:])
+            h0 = rec[read:read + 1].copy() if read >= 0 else np.zeros((1,) + rec.shape[1:])
+            o, c1, h1 = layer(inputs["qkv"][a:b], inputs["a"][a:b], inputs["b"][a:b], params[0],
+                              params[1], params[2], params[3], c0, h0, np.array([0, b - a]),
+                              hk, hv, dk, dv)
+            out[a:b] = o
+            write = int(slots[s]) + i
+            conv[write], rec[write] = c1[0], h1[0]
+            read = write
+    return out, conv, rec
+
+
+def check_step(gdn, rng, tmp):
+    """`gdn step` (float32 kernels and the float64 reference) against step(): 2 decodes (one a
+    window of 3 tokens reading its second slot), a fresh and a continued prefill, 1 padding
+    sequence and padding rows, 12 slots."""
+    failures = []
+    hk, hv, dk, dv, K, slots_n = 2, 4, 16, 12, 4, 12
+    D = 2 * hk * dk + hv * dv
+    lengths = [1, 3, 20, 33, 0]
+    qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    T = int(qsl[-1]) + 2
+    inputs = {
+        "qkv": rng.standard_normal((T, D), dtype=np.float32),
+        "a": rng.standard_normal((T, hv), dtype=np.float32),
+        "b": rng.standard_normal((T, hv), dtype=np.float32),
+        "conv_weight": (0.5 * rng.standard_normal((D, K))).astype(np.float32),
+        "conv_bias": (0.2 * rng.standard_normal(D)).astype(np.float32),
+        "A_log": rng.uniform(-2, 1, hv).astype(np.float32),
+        "dt_bias": rng.uniform(-1, 1, hv).astype(np.float32),
+        "conv_state": rng.standard_normal((slots_n, K - 1, D), dtype=np.float32),
+        "recurrent_state": 0.5 * rng.standard_normal((slots_n, hv, dk, dv), dtype=np.float32),
+        "query_start_loc": qsl,
+        "state_indices": np.array([2, 4, 8, 10, 0], dtype=np.int64),
+        "seq_lens": np.array([9, 40, 20, 70, 0], dtype=np.int64),
+        "distribution": np.array([2, 3, 4], dtype=np.int64),
+        "read_offsets": np.array([0, 1, 0, -1, 0], dtype=np.int64),
+    }
+    src = os.path.join(tmp, "step_in")
+    os.makedirs(src)
+    for name, array in inputs.items():
+        np.save(os.path.join(src, name + ".npy"), array)
+    want = step(inputs, hk, hv, dk, dv)
+    heads = ["--hk", str(hk), "--hv", str(hv), "--dk", str(dk), "--dv", str(dv), "--num-spec", "2"]
+    names = ("out", "conv_state", "recurrent_state")
+    for engine, extra, tolerance in (("float32 kernels", [], 1e-4), ("C++ float64 reference", ["--reference"], 1e-12)):
+        out_dir = os.path.join(tmp, "step_" + ("ref" if extra else "fast"))
+        code, out = run(gdn, "step", "--in", src, "--out", out_dir, *heads, *extra)
+        if code != 0:
+            failures.append(f"gdn step {' '.join(extra)} failed: {out}")
+            continue
+        for name, ref in zip(names, want):
+            x = np.load(os.path.join(out_dir, name + ".npy"))
+            err = normalized_error(x, ref)
+            print(f"step, {engine} vs NumPy float64, {name}: error {err:.2e}")
+            if x.shape != ref.shape or not err <= tolerance:
+                failures.append(f"step {engine} {name}: shape {x.shape}, error {err:.3g} > {tolerance}")
+    # Slots no live sequence writes keep their bytes; padding rows are zero.
+    fast = os.path.join(tmp, "step_fast")
+    for name in ("conv_state", "recurrent_state"):
+        x = np.load(os.path.join(fast, name + ".npy"))
+        for slot in (0, 1, 3, 7, 9, 11):
+            if not np.array_equal(x[slot], inputs[name][slot]):
+                failures.append(f"step changed {name} slot {slot}, which no live sequence writes")
+    if np.any(np.load(os.path.join(fast, "out.npy"))[int(qsl[4]):] != 0):
+        failures.append("step: padding rows of out are not zero")
     return failures
 
 
