@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "api/layer_parts.h"
 #include "api/validate.h"
 #include "cpu/layer.h"
 #include "reference/reference.h"
@@ -34,12 +35,6 @@ void write(const MutableTensorView& v, Real value, std::int64_t i0, std::int64_t
   } else {
     static_cast<double*>(v.data)[off] = static_cast<double>(value);
   }
-}
-
-// Weight element (channel c, tap i) of a [D, K] or [D, 1, K] view.
-template <class Real>
-Real weight_at(const TensorView& w, std::int64_t c, std::int64_t i) {
-  return w.rank == 2 ? read<Real>(w, c, i) : read<Real>(w, c, 0, i);
 }
 
 TensorView view(const Tensor& t, std::int64_t offset, std::initializer_list<std::int64_t> sizes,
@@ -79,12 +74,8 @@ void prepare(const LayerInputs& in, const LayerOptions& options, const detail::V
   const std::int64_t n = v.core.num_seqs, t_count = v.tokens, hv = options.hv;
   w.weight = Tensor(v.dtype, {k, cpad});
   w.bias = Tensor(v.dtype, {cpad});
-  Real* wt = static_cast<Real*>(w.weight.raw());
-  Real* bias = static_cast<Real*>(w.bias.raw());
-  for (std::int64_t c = 0; c < d; ++c) {
-    for (std::int64_t i = 0; i < k; ++i) wt[i * cpad + c] = weight_at<Real>(in.conv_weight, c, i);
-    if (in.conv_bias.present()) bias[c] = read<Real>(in.conv_bias, c);
-  }
+  detail::conv_parameters(in.conv_weight, in.conv_bias, k, d, cpad,
+                          static_cast<Real*>(w.weight.raw()), static_cast<Real*>(w.bias.raw()));
   if (in.conv_state.present()) {
     w.state_in = Tensor(v.dtype, {n, k - 1, d});
     Real* s = static_cast<Real*>(w.state_in.raw());
@@ -113,19 +104,8 @@ void prepare(const LayerInputs& in, const LayerOptions& options, const detail::V
   p.bias = static_cast<const std::byte*>(w.bias.raw());
   p.state_in = in.conv_state.present() ? static_cast<const std::byte*>(w.state_in.raw()) : nullptr;
   p.xh = static_cast<std::byte*>(w.xh.raw());
-  // The gates: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), in Real.
-  Real* g = static_cast<Real*>(w.g.raw());
-  Real* beta = static_cast<Real*>(w.beta.raw());
-  for (std::int64_t h = 0; h < hv; ++h) {
-    const Real a_scale = std::exp(read<Real>(in.A_log, h)), bias_h = read<Real>(in.dt_bias, h);
-    for (std::int64_t t = 0; t < t_count; ++t) {
-      const Real z = read<Real>(in.a, t, h) + bias_h;
-      // log1p(e^z) = z + e^-z rounds to z past 20 in float32, past 40 in float64.
-      const Real softplus = z > (sizeof(Real) == 4 ? 20 : 40) ? z : std::log1p(std::exp(z));
-      g[t * hv + h] = -a_scale * softplus;
-      beta[t * hv + h] = 1 / (1 + std::exp(-read<Real>(in.b, t, h)));
-    }
-  }
+  detail::layer_gates(in.a, in.b, in.A_log, in.dt_bias, t_count, hv, static_cast<Real*>(w.g.raw()),
+                      static_cast<Real*>(w.beta.raw()));
 }
 
 // The gated delta rule's inputs: views of xh, g and beta.

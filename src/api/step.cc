@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "api/layer_parts.h"
 #include "api/validate.h"
 #include "cpu/layer.h"
 
@@ -71,43 +72,6 @@ void zero_rows(const MutableTensorView& out, std::int64_t t0, std::int64_t t1) {
   Real* o = static_cast<Real*>(out.data);
   for (std::int64_t t = t0; t < t1; ++t) {
     for (std::int64_t c = 0; c < out.sizes[1]; ++c) o[t * out.strides[0] + c * out.strides[1]] = 0;
-  }
-}
-
-// w [K][cpad] = conv_weight [D, K] or [D, 1, K] transposed (the conv kernel's layout).
-template <class Real, int K>
-void transpose_taps(const Real* src, std::int64_t d, std::int64_t cpad, Real* w) {
-  for (std::int64_t c = 0; c < d; ++c) {
-#pragma GCC unroll 8
-    for (int i = 0; i < K; ++i) w[i * cpad + c] = src[c * K + i];
-  }
-}
-
-// w [K][cpad] = conv_weight [D, K] or [D, 1, K] transposed (the conv kernel's layout); a
-// contiguous weight takes a loop the compiler vectorises for each K.
-template <class Real>
-void transpose_weight(const TensorView& weight, std::int64_t k, std::int64_t d, std::int64_t cpad,
-                      Real* w) {
-  const Real* src = static_cast<const Real*>(weight.data);
-  const std::int64_t channel = weight.strides[0], tap = weight.strides[weight.rank - 1];
-  if (channel == k && tap == 1) {
-    switch (k) {
-      case 1:
-        return transpose_taps<Real, 1>(src, d, cpad, w);
-      case 2:
-        return transpose_taps<Real, 2>(src, d, cpad, w);
-      case 3:
-        return transpose_taps<Real, 3>(src, d, cpad, w);
-      case 4:
-        return transpose_taps<Real, 4>(src, d, cpad, w);
-      default:
-        break;
-    }
-  }
-  for (std::int64_t i = 0; i < k; ++i) {
-    const Real* column = src + i * tap;
-    Real* to = w + i * cpad;
-    for (std::int64_t c = 0; c < d; ++c) to[c] = column[c * channel];
   }
 }
 
@@ -168,12 +132,8 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   Pools<Real> pool(pools);
   // Conv inputs: transposed weights and bias; the conv states are read from the read slots.
   Tensor weight(dtype, {k, cpad}), bias(dtype, {cpad});
-  transpose_weight<Real>(in.conv_weight, k, d, cpad, static_cast<Real*>(weight.raw()));
-  Real* b = static_cast<Real*>(bias.raw());
-  if (in.conv_bias.present()) {
-    for (std::int64_t c = 0; c < d; ++c)
-      b[c] = static_cast<const Real*>(in.conv_bias.data)[c * in.conv_bias.strides[0]];
-  }
+  detail::conv_parameters(in.conv_weight, in.conv_bias, k, d, cpad,
+                          static_cast<Real*>(weight.raw()), static_cast<Real*>(bias.raw()));
   std::vector<detail::Sequence> seqs(static_cast<std::size_t>(n));
   for (std::int64_t s = 0; s < n; ++s) {
     seqs[static_cast<std::size_t>(s)] = {0, v.query_start[s],
@@ -231,21 +191,9 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
     }
   }
 
-  // The gates: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias).
   Tensor g(dtype, {tokens, hv}), beta(dtype, {tokens, hv});
-  Real* gp = static_cast<Real*>(g.raw());
-  Real* bp = static_cast<Real*>(beta.raw());
-  for (std::int64_t h = 0; h < hv; ++h) {
-    const Real a_scale = std::exp(static_cast<const Real*>(in.A_log.data)[h * in.A_log.strides[0]]);
-    const Real dt = static_cast<const Real*>(in.dt_bias.data)[h * in.dt_bias.strides[0]];
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      const Real z = element<Real>(in.a, t, h) + dt;
-      // log1p(e^z) = z + e^-z rounds to z past 20 in float32, past 40 in float64.
-      const Real softplus = z > (sizeof(Real) == 4 ? 20 : 40) ? z : std::log1p(std::exp(z));
-      gp[t * hv + h] = -a_scale * softplus;
-      bp[t * hv + h] = 1 / (1 + std::exp(-element<Real>(in.b, t, h)));
-    }
-  }
+  detail::layer_gates(in.a, in.b, in.A_log, in.dt_bias, tokens, hv, static_cast<Real*>(g.raw()),
+                      static_cast<Real*>(beta.raw()));
 
   detail::DecodeProblem p;
   p.num_seqs = n;

@@ -1132,22 +1132,17 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
                ", which sequence " + std::to_string(o) + " writes");
     }
   }
+  // The layer's inputs (its absent states and cu_seqlens are skipped) and the index tensors.
+  std::vector<NamedInput> inputs = named_layer_inputs(layer);
+  inputs.insert(inputs.end(), {{"query_start_loc", &in.query_start_loc},
+                               {"state_indices", &in.state_indices},
+                               {"seq_lens", &in.seq_lens},
+                               {"distribution", &in.distribution},
+                               {"read_offsets", &in.read_offsets}});
   check_aliasing({{"out", &out},
                   {"conv_state", &pools.conv_state},
                   {"recurrent_state", &pools.recurrent_state}},
-                 {{"qkv", &in.qkv},
-                  {"a", &in.a},
-                  {"b", &in.b},
-                  {"conv_weight", &in.conv_weight},
-                  {"conv_bias", &in.conv_bias},
-                  {"A_log", &in.A_log},
-                  {"dt_bias", &in.dt_bias},
-                  {"query_start_loc", &in.query_start_loc},
-                  {"state_indices", &in.state_indices},
-                  {"seq_lens", &in.seq_lens},
-                  {"distribution", &in.distribution},
-                  {"read_offsets", &in.read_offsets}},
-                 {});
+                 inputs, {});
 }
 
 }  // namespace gdn::detail
