@@ -38,8 +38,7 @@ std::int64_t rebuild_segment(std::int64_t chunks, std::int64_t state_bytes_per_c
 void backward(const detail::BackwardProblem& bp, CpuIsa isa) {
   const detail::ForwardProblem& p = bp.fwd;
   const KernelTable& table = kernel_table(isa);
-  const BackwardItemFn item_fn =
-      p.shape.compute_dtype == DType::f64 ? table.backward_f64 : table.backward_f32;
+  const BackwardItemFn item_fn = table.backward[activations(p.shape.dtype)];
   const std::int64_t heads = p.group;
   const std::int64_t items = p.shape.num_seqs * p.shape.hk;
   const bool kept_states = bp.chunk_states.data != nullptr;

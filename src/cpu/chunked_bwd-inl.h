@@ -217,7 +217,7 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
     for (std::int64_t j = 0; j < l.dvp; j += W)
       store(w.dvn + i * l.dvp + j, load(dr + i * l.dvp + j) * beta_i);
     scatter_row(token_at<In>(bp.dv, seq, t0 + i, h), bp.dv.dim, w.dvn + i * l.dvp, dv);
-    *token_at<In>(bp.dbeta, seq, t0 + i, h) = static_cast<In>(w.dbeta[i]);
+    *token_at<Real>(bp.dbeta, seq, t0 + i, h) = w.dbeta[i];
   }
   // dg_l = sum_{i >= l} de_i e_i  (e_i = e^G_i)
   //      + dgamma gamma            (gamma = e^G_last, dgamma = <S, dS'>)
@@ -247,7 +247,7 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
     }
     suffix_e += w.de[i];
     const Real dg = suffix_e + dgamma * gamma_last + prefix_dd[i] + reduce_add<Real>(rect);
-    *token_at<In>(bp.dg, seq, t0 + i, h) = static_cast<In>(dg);
+    *token_at<Real>(bp.dg, seq, t0 + i, h) = dg;
   }
 
   // bwd_qk: the rest of this head's [dQ~; dK] into Y, then added to the item's sum.
@@ -300,11 +300,12 @@ void bwd_write_qk(const detail::BackwardProblem& bp, const detail::Sequence& seq
 }
 
 // Value heads [h0, h0 + heads) of sequence s (one key head), `segment` chunks per rebuilt
-// segment (the caller sizes the workspace for it; unused when chunk_states were kept).
-template <class Real>
+// segment (the caller sizes the workspace for it; unused when chunk_states were kept). q, k,
+// v, d_o and their gradients are In (the activation type); g, beta, their gradients, the
+// states, their cotangents and the residuals are Real.
+template <class Real, class In>
 void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64_t h0,
                    std::int64_t heads, std::int64_t segment, std::byte* workspace) {
-  using In = Real;
   const detail::ForwardProblem& p = bp.fwd;
   const detail::Sequence& seq = p.seqs[s];
   const std::int64_t dk = p.shape.dk, dv = p.shape.dv, c = p.chunk_size;
@@ -338,12 +339,12 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
   };
 
   for (std::int64_t j = 0; j < heads; ++j) {
-    load_matrix<Real, In>(w.ds + j * state_size, dk, dv, l.dvp, bp.d_final_state, s, h0 + j);
+    load_matrix<Real, Real>(w.ds + j * state_size, dk, dv, l.dvp, bp.d_final_state, s, h0 + j);
   }
   if (!kept_states && chunks > 0) {
     // The checkpoints: the initial states, then every `segment` chunks.
     for (std::int64_t j = 0; j < heads; ++j) {
-      load_matrix<Real, In>(slot(0, j), dk, dv, l.dvp, p.initial_state, s, h0 + j);
+      load_matrix<Real, Real>(slot(0, j), dk, dv, l.dvp, p.initial_state, s, h0 + j);
     }
     for (std::int64_t i = 1; i < checkpoints; ++i) {
       for (std::int64_t index = (i - 1) * segment; index < i * segment; ++index) {
@@ -376,7 +377,7 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
       const std::int64_t h = h0 + j;
       const Real* state;
       if (kept_states) {
-        load_matrix<Real, In>(w.state, dk, dv, l.dvp, bp.chunk_states, chunk, h);
+        load_matrix<Real, Real>(w.state, dk, dv, l.dvp, bp.chunk_states, chunk, h);
         state = w.state;
       } else {
         state = slot(checkpoints + index % segment, j);
@@ -387,6 +388,6 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
     bwd_write_qk<Real, In>(bp, seq, hk, t0, n, l, w);
   }
   for (std::int64_t j = 0; j < heads; ++j) {
-    store_matrix<In>(bp.d_initial_state, s, h0 + j, w.ds + j * state_size, dk, dv, l.dvp);
+    store_matrix<Real>(bp.d_initial_state, s, h0 + j, w.ds + j * state_size, dk, dv, l.dvp);
   }
 }

@@ -95,7 +95,7 @@ void chunk_gram(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBu
                     kLowerC);
 }
 
-// Gathers value head h's rows of the chunk: V, beta, g, G and e^G. Padding is zero.
+// Gathers value head h's rows of the chunk: V (In), beta, g (Real), G and e^G. Padding is zero.
 template <class Real, class In>
 void chunk_pack_v(const detail::ForwardProblem& p, const detail::Sequence& seq, std::int64_t h,
                   std::int64_t t0, std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
@@ -103,10 +103,10 @@ void chunk_pack_v(const detail::ForwardProblem& p, const detail::Sequence& seq, 
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t t = t0 + i;
     gather_row(b.v + i * l.dvp, token_at<In>(p.v, seq, t, h), p.v.dim, p.shape.dv, l.dvp);
-    b.g[i] = static_cast<Real>(*token_at<In>(p.g, seq, t, h));
+    b.g[i] = *token_at<Real>(p.g, seq, t, h);
     running += b.g[i];
     b.G[i] = running;
-    b.beta[i] = static_cast<Real>(*token_at<In>(p.beta, seq, t, h));
+    b.beta[i] = *token_at<Real>(p.beta, seq, t, h);
   }
   for (std::int64_t i = n; i < l.cp; ++i) b.g[i] = b.G[i] = b.beta[i] = 0;
   exp_row(b.eG, b.G, l.cp);
@@ -232,11 +232,11 @@ void chunk_state(std::int64_t n, std::int64_t dk, Real* state, const ChunkedLayo
   gemm<Real, true>(dk, l.dvp, n, k, 1, l.dkp, b.vnew, l.dvp, state, l.dvp, b.eG[n - 1]);
 }
 
-// Value heads [h0, h0 + heads) of sequence s, all reading key head h0 / group.
-template <class Real>
+// Value heads [h0, h0 + heads) of sequence s, all reading key head h0 / group. q, k, v and o
+// are In (the activation type); g, beta, the states and the residuals are Real.
+template <class Real, class In>
 void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t h0,
                   std::int64_t heads, std::byte* workspace) {
-  using In = Real;  // float32 inputs compute in float32, float64 inputs in float64
   const detail::Sequence& seq = p.seqs[s];
   const std::int64_t dk = p.shape.dk, dv = p.shape.dv, c = p.chunk_size;
   const ChunkedLayout l = chunked_layout(dk, dv, c, heads);
@@ -244,7 +244,7 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
   const std::int64_t state_size = dk * l.dvp;
 
   for (std::int64_t j = 0; j < heads; ++j) {
-    load_matrix<Real, In>(b.states + j * state_size, dk, dv, l.dvp, p.initial_state, s, h0 + j);
+    load_matrix<Real, Real>(b.states + j * state_size, dk, dv, l.dvp, p.initial_state, s, h0 + j);
   }
   for (std::int64_t t0 = 0, chunk = seq.first_chunk; t0 < seq.length; t0 += c, ++chunk) {
     const std::int64_t n = min64(c, seq.length - t0);
@@ -267,6 +267,6 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
     }
   }
   for (std::int64_t j = 0; j < heads; ++j) {
-    store_matrix<In>(p.final_state, s, h0 + j, b.states + j * state_size, dk, dv, l.dvp);
+    store_matrix<Real>(p.final_state, s, h0 + j, b.states + j * state_size, dk, dv, l.dvp);
   }
 }

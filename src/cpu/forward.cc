@@ -43,9 +43,8 @@ std::int64_t heads_per_item(const detail::ForwardProblem& p, int threads) {
 
 void forward(const detail::ForwardProblem& p, CpuIsa isa) {
   const KernelTable& table = kernel_table(isa);
-  const bool f64 = p.shape.compute_dtype == DType::f64;
-  const ForwardItemFn chunked = f64 ? table.chunked_f64 : table.chunked_f32;
-  const ForwardItemFn recurrent = f64 ? table.recurrent_f64 : table.recurrent_f32;
+  const ForwardItemFn chunked = table.chunked[activations(p.shape.dtype)];
+  const ForwardItemFn recurrent = table.recurrent[activations(p.shape.dtype)];
   const bool residuals = p.chunk_states.data != nullptr || p.t_inv.data != nullptr;
 
   const int threads = p.threads > 0 ? p.threads : default_threads();

@@ -44,14 +44,28 @@ using ConvBackwardFn = void (*)(const detail::ConvProblem& problem, std::int64_t
 using DecodeItemFn = void (*)(const detail::DecodeProblem& problem, std::int64_t item,
                               std::byte* workspace);
 
+// The gated delta rule's kernels per activation type (q, k, v, o and their gradients), indexed
+// by activations(dtype): float32 and float64 compute in their own type; bf16 and f16
+// activations compute in float32 (state, gates, accumulation), converted on load and store.
+inline constexpr int kActivationTypes = 4;
+inline int activations(DType dtype) {
+  switch (dtype) {
+    case DType::f64:
+      return 1;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 3;
+    default:
+      return 0;
+  }
+}
+
 struct KernelTable {
   CpuIsa isa;
-  ForwardItemFn chunked_f32;
-  ForwardItemFn recurrent_f32;
-  ForwardItemFn chunked_f64;
-  ForwardItemFn recurrent_f64;
-  BackwardItemFn backward_f32;
-  BackwardItemFn backward_f64;
+  ForwardItemFn chunked[kActivationTypes];
+  ForwardItemFn recurrent[kActivationTypes];
+  BackwardItemFn backward[kActivationTypes];
   ConvForwardFn conv_forward_f32;
   ConvForwardFn conv_forward_f64;
   ConvBackwardFn conv_backward_f32;

@@ -65,10 +65,10 @@ inline void block_products(const Real* src, std::int64_t rows, std::int64_t ld, 
   }
 }
 
-template <class Real>
+// q, k, v and o are In (the activation type); g, beta and the states are Real.
+template <class Real, class In>
 void recurrent_head(const detail::ForwardProblem& p, std::int64_t s, std::int64_t h,
                     std::byte* workspace) {
-  using In = Real;
   constexpr int W = kLanes<Real>;
   const detail::Sequence& seq = p.seqs[s];
   const std::int64_t dk = p.shape.dk, dv = p.shape.dv, c = p.chunk_size;
@@ -83,7 +83,7 @@ void recurrent_head(const detail::ForwardProblem& p, std::int64_t s, std::int64_
   Real* ks = w + l.ks;
   Real* qs = w + l.qs;
 
-  load_matrix<Real, In>(state, dk, dv, l.dvp, p.initial_state, s, h);
+  load_matrix<Real, Real>(state, dk, dv, l.dvp, p.initial_state, s, h);
   for (std::int64_t t = 0; t < seq.length; ++t) {
     if (t % c == 0)
       store_matrix<Real>(p.chunk_states, seq.first_chunk + t / c, h, state, dk, dv, l.dvp);
@@ -92,8 +92,8 @@ void recurrent_head(const detail::ForwardProblem& p, std::int64_t s, std::int64_
                 static_cast<Real>(1));
     gather_row(v, token_at<In>(p.v, seq, t, h), p.v.dim, dv, l.dvp);
     const Real alpha =
-        static_cast<Real>(__builtin_exp(static_cast<double>(*token_at<In>(p.g, seq, t, h))));
-    const Real beta = static_cast<Real>(*token_at<In>(p.beta, seq, t, h));
+        static_cast<Real>(__builtin_exp(static_cast<double>(*token_at<Real>(p.g, seq, t, h))));
+    const Real beta = *token_at<Real>(p.beta, seq, t, h);
 
     block_products(state, dk, l.dvp, l.dvp, k, q, ks, qs);
     const Real qk = dot(q, k, l.dkp);
@@ -110,13 +110,13 @@ void recurrent_head(const detail::ForwardProblem& p, std::int64_t s, std::int64_
     }
     scatter_row(token_at<In>(p.o, seq, t, h), p.o.dim, qs, dv);
   }
-  store_matrix<In>(p.final_state, s, h, state, dk, dv, l.dvp);
+  store_matrix<Real>(p.final_state, s, h, state, dk, dv, l.dvp);
 }
 
 // Value heads [h0, h0 + heads) of sequence s, one after the other (each head's recurrence
 // shares nothing with the others but the q and k rows).
-template <class Real>
+template <class Real, class In>
 void recurrent_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t h0,
                     std::int64_t heads, std::byte* workspace) {
-  for (std::int64_t h = h0; h < h0 + heads; ++h) recurrent_head<Real>(p, s, h, workspace);
+  for (std::int64_t h = h0; h < h0 + heads; ++h) recurrent_head<Real, In>(p, s, h, workspace);
 }

@@ -57,12 +57,9 @@ float fma_peak_loop(std::int64_t iterations) {
 // clang-format off
 constexpr KernelTable kTable = {
     GDN_TARGET_ISA,
-    &chunked_item<float>,
-    &recurrent_item<float>,
-    &chunked_item<double>,
-    &recurrent_item<double>,
-    &backward_item<float>,
-    &backward_item<double>,
+    {&chunked_item<float, float>, &chunked_item<double, double>, nullptr, nullptr},
+    {&recurrent_item<float, float>, &recurrent_item<double, double>, nullptr, nullptr},
+    {&backward_item<float, float>, &backward_item<double, double>, nullptr, nullptr},
     &conv_forward_item<float>,
     &conv_forward_item<double>,
     &conv_backward_item<float>,
