@@ -13,8 +13,8 @@ inline constexpr const char* kVersion = "0.1.0";
 enum class CpuIsa : std::uint8_t {
   automatic,  // the best variant this CPU supports, or the one named by $GDN_CPU_ISA
   generic,    // portable C++ with 16-byte vector extensions: runs anywhere
-  avx2,       // x86-64 AVX2 + FMA
-  avx512,     // x86-64 AVX-512 F/BW/DQ/VL
+  avx2,       // x86-64 AVX2 + FMA + F16C
+  avx512,     // x86-64 AVX-512 F/BW/DQ/VL + F16C
 };
 
 // "automatic", "generic", "avx2", "avx512".

@@ -46,6 +46,14 @@ struct DTypeOf<std::int64_t> {
 inline constexpr int kMaxRank = 4;
 using Dims = std::array<std::int64_t, kMaxRank>;
 
+// bf16 and f16 element bits: the nearest value to x (ties to even; NaN stays NaN; beyond the
+// range, infinity), and the exact float of a bit pattern. For filling and reading bf16 and f16
+// tensors (the library's 16-bit activation types, see gdn/forward.h).
+std::uint16_t bf16_bits(float x);
+float bf16_value(std::uint16_t bits);
+std::uint16_t f16_bits(float x);
+float f16_value(std::uint16_t bits);
+
 // Row-major (C order) strides of `sizes`, in elements.
 Dims contiguous_strides(const Dims& sizes, int rank);
 

@@ -10,13 +10,17 @@ namespace detail {
 
 BackwardResult allocate_backward_result(const BackwardInputs& inputs, const ForwardShape& shape,
                                         DType dtype) {
+  // Native gradients have their input's dtype: activations for dq, dk, dv; the compute dtype
+  // for dg, dbeta and d_initial_state. The reference's are all float64.
+  const bool f64 = dtype == DType::f64;
+  const DType act = f64 ? dtype : shape.dtype, compute = f64 ? dtype : shape.compute_dtype;
   BackwardResult r;
-  r.dq = Tensor(dtype, inputs.q.rank, inputs.q.sizes);
-  r.dk = Tensor(dtype, inputs.k.rank, inputs.k.sizes);
-  r.dv = Tensor(dtype, inputs.v.rank, inputs.v.sizes);
-  r.dg = Tensor(dtype, inputs.g.rank, inputs.g.sizes);
-  r.dbeta = Tensor(dtype, inputs.beta.rank, inputs.beta.sizes);
-  r.d_initial_state = Tensor(dtype, 4, shape.state_sizes());
+  r.dq = Tensor(act, inputs.q.rank, inputs.q.sizes);
+  r.dk = Tensor(act, inputs.k.rank, inputs.k.sizes);
+  r.dv = Tensor(act, inputs.v.rank, inputs.v.sizes);
+  r.dg = Tensor(compute, inputs.g.rank, inputs.g.sizes);
+  r.dbeta = Tensor(compute, inputs.beta.rank, inputs.beta.sizes);
+  r.d_initial_state = Tensor(compute, 4, shape.state_sizes());
   return r;
 }
 

@@ -42,7 +42,7 @@ ForwardResult allocate_forward_result(const ForwardShape& shape, DType out, DTyp
                                       Residuals residuals, bool t_inv) {
   ForwardResult r;
   r.o = Tensor(out, shape.o_rank(), shape.o_sizes());
-  r.final_state = Tensor(out, 4, shape.state_sizes());
+  r.final_state = Tensor(residual, 4, shape.state_sizes());  // states have the compute dtype
   if (residuals == Residuals::all) r.chunk_states = Tensor(residual, 4, shape.chunk_states_sizes());
   if (residuals != Residuals::none && t_inv) r.t_inv = Tensor(residual, 4, shape.t_inv_sizes());
   return r;

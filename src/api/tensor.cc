@@ -13,6 +13,7 @@
 #include <new>
 #include <string>
 
+#include "common/half_bits.h"
 #include "gdn/error.h"
 
 namespace gdn {
@@ -52,6 +53,11 @@ std::size_t dtype_size(DType dtype) {
   }
   return 0;
 }
+
+std::uint16_t bf16_bits(float x) { return detail::bf16_from_float(x); }
+float bf16_value(std::uint16_t bits) { return detail::float_from_bf16(bits); }
+std::uint16_t f16_bits(float x) { return detail::f16_from_float(x); }
+float f16_value(std::uint16_t bits) { return detail::float_from_f16(bits); }
 
 Dims contiguous_strides(const Dims& sizes, int rank) {
   Dims strides{};

@@ -370,6 +370,13 @@ void set_forward_inputs(const ForwardInputs& in, const ForwardOptions& options,
   p->initial_state = matrix_tensor(in.initial_state);
 }
 
+// Why a gate, state or residual has the compute dtype, for error messages.
+std::string compute_dtype_why(DType activations) {
+  if (activations == DType::f64) return " (the compute dtype of float64 inputs)";
+  return std::string(" (the compute dtype of ") + dtype_name(activations) +
+         " inputs: gates, states and residuals are float32)";
+}
+
 }  // namespace
 
 ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& options,
@@ -389,8 +396,9 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
          "rank " + std::to_string(q.rank) + " " + shape_of(q));
   }
   check_extent("q", q);
-  if (q.dtype != DType::f32 && q.dtype != DType::f64) {
-    fail("q", "dtype f32 or f64", dtype_name(q.dtype));
+  if (q.dtype != DType::f32 && q.dtype != DType::f64 && q.dtype != DType::bf16 &&
+      q.dtype != DType::f16) {
+    fail("q", "dtype f32, f64, bf16 or f16", dtype_name(q.dtype));
   }
   ForwardShape shape;
   const bool batched = q.rank == 4;
@@ -400,13 +408,15 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
   shape.hk = q.sizes[lead + 1];
   shape.dk = q.sizes[lead + 2];
   shape.dtype = q.dtype;
-  shape.compute_dtype = q.dtype;
+  // bf16 and f16 activations compute in float32: gates, states and residuals are float32.
+  shape.compute_dtype = q.dtype == DType::f64 ? DType::f64 : DType::f32;
   if (batched && shape.batch < 1) fail("q", "batch size B >= 1", shape_of(q));
   if (shape.hk < 1) fail("q", "Hk >= 1 key heads", shape_of(q));
   if (shape.dk < 1 || shape.dk > kMaxHeadDim) {
     fail("q", "Dk in [1, 256]", "Dk = " + std::to_string(shape.dk));
   }
   const std::string same_dtype = " (the dtype of q)";
+  const std::string compute_dtype = compute_dtype_why(shape.dtype);
 
   const Dims q_sizes = q.sizes;
   expect_shape("k", in.k, q.rank, q_sizes, "equal to q");
@@ -449,7 +459,7 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
                             std::pair<const char*, const TensorView*>{"beta", &in.beta}}) {
     expect_shape(name, *view, q.rank - 1, gate_sizes, gate_what);
     check_extent(name, *view);
-    expect_dtype(name, *view, q.dtype, same_dtype);
+    expect_dtype(name, *view, shape.compute_dtype, compute_dtype);
   }
 
   // Sequences.
@@ -482,7 +492,7 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
   if (in.initial_state.present()) {
     expect_shape("initial_state", in.initial_state, 4, shape.state_sizes(), "[N, Hv, Dk, Dv]");
     check_extent("initial_state", in.initial_state);
-    expect_dtype("initial_state", in.initial_state, q.dtype, same_dtype);
+    expect_dtype("initial_state", in.initial_state, shape.compute_dtype, compute_dtype);
   }
 
   if (options.scale) {
@@ -523,14 +533,12 @@ void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
   p.shape = validate_inputs(in, options, &result->sequences);
   const ForwardShape& shape = p.shape;
   const bool batched = shape.batch > 0;
-  const DType out_dtype = precision == OutputPrecision::float64 ? DType::f64 : shape.dtype;
-  const DType residual_dtype =
-      precision == OutputPrecision::float64 ? DType::f64 : shape.compute_dtype;
-  const std::string why_out =
-      precision == OutputPrecision::float64 ? " (reference outputs are float64)" : " (that of q)";
-  const std::string why_res = precision == OutputPrecision::float64
-                                  ? " (reference outputs are float64)"
-                                  : " (the compute dtype of these inputs)";
+  const bool f64 = precision == OutputPrecision::float64;
+  const DType out_dtype = f64 ? DType::f64 : shape.dtype;
+  const DType residual_dtype = f64 ? DType::f64 : shape.compute_dtype;
+  const std::string why_out = f64 ? " (reference outputs are float64)" : " (that of q)";
+  const std::string why_res =
+      f64 ? " (reference outputs are float64)" : compute_dtype_why(shape.dtype);
   for (const auto& [name, view] : {std::pair<const char*, const MutableTensorView*>{"o", &out.o},
                                    {"final_state", &out.final_state},
                                    {"chunk_states", &out.chunk_states},
@@ -546,7 +554,7 @@ void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
   check_extent("o", out.o);
   if (out.final_state.present()) {
     expect_shape("final_state", out.final_state, 4, shape.state_sizes(), "[N, Hv, Dk, Dv]");
-    expect_dtype("final_state", out.final_state, out_dtype, why_out);
+    expect_dtype("final_state", out.final_state, residual_dtype, why_res);
     check_extent("final_state", out.final_state);
   }
   if (out.chunk_states.present()) {
@@ -590,6 +598,7 @@ void validate_backward(const BackwardInputs& in, const BackwardOutputs& out,
   const ForwardShape& shape = p.fwd.shape;
   const bool batched = shape.batch > 0;
   const std::string same_dtype = " (the dtype of q)";
+  const std::string why_res = compute_dtype_why(shape.dtype);
   for (const auto& [name, view] : {std::pair<const char*, const TensorView*>{"d_o", &in.d_o},
                                    {"d_final_state", &in.d_final_state},
                                    {"chunk_states", &in.chunk_states},
@@ -614,10 +623,9 @@ void validate_backward(const BackwardInputs& in, const BackwardOutputs& out,
   check_extent("d_o", in.d_o);
   if (in.d_final_state.present()) {
     expect_shape("d_final_state", in.d_final_state, 4, shape.state_sizes(), "[N, Hv, Dk, Dv]");
-    expect_dtype("d_final_state", in.d_final_state, shape.dtype, same_dtype);
+    expect_dtype("d_final_state", in.d_final_state, shape.compute_dtype, why_res);
     check_extent("d_final_state", in.d_final_state);
   }
-  const std::string why_res = " (the compute dtype of these inputs)";
   if (in.chunk_states.present()) {
     expect_shape("chunk_states", in.chunk_states, 4, shape.chunk_states_sizes(),
                  "[total_chunks, Hv, Dk, Dv]");
@@ -631,7 +639,7 @@ void validate_backward(const BackwardInputs& in, const BackwardOutputs& out,
   }
 
   // Gradients (outputs): the shape and dtype of the matching input.
-  const DType grad_dtype = precision == OutputPrecision::float64 ? DType::f64 : shape.dtype;
+  const bool f64 = precision == OutputPrecision::float64;
   const std::string why_grad = precision == OutputPrecision::float64
                                    ? " (reference outputs are float64)"
                                    : " (that of the matching input)";
@@ -654,12 +662,13 @@ void validate_backward(const BackwardInputs& in, const BackwardOutputs& out,
            "absent");
     }
     expect_shape(grad.name, *grad.grad, grad.input->rank, grad.input->sizes, grad.what);
-    expect_dtype(grad.name, *grad.grad, grad_dtype, why_grad);
+    expect_dtype(grad.name, *grad.grad, f64 ? DType::f64 : grad.input->dtype, why_grad);
     check_extent(grad.name, *grad.grad);
   }
   if (out.d_initial_state.present()) {
     expect_shape("d_initial_state", out.d_initial_state, 4, shape.state_sizes(), "[N, Hv, Dk, Dv]");
-    expect_dtype("d_initial_state", out.d_initial_state, grad_dtype, why_grad);
+    expect_dtype("d_initial_state", out.d_initial_state, f64 ? DType::f64 : shape.compute_dtype,
+                 f64 ? why_grad : why_res);
     check_extent("d_initial_state", out.d_initial_state);
   }
 

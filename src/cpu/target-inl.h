@@ -13,6 +13,7 @@
 #endif
 
 #include "api/problem.h"
+#include "common/half_bits.h"
 #include "cpu/kernels.h"
 #include "cpu/workspace.h"
 #include "gdn/layer.h"
@@ -28,6 +29,7 @@ namespace {
 // In dependency order (each uses the ones above it).
 // clang-format off
 #include "cpu/simd-inl.h"
+#include "cpu/half-inl.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/io-inl.h"
 #include "cpu/chunked_fwd-inl.h"
@@ -57,9 +59,12 @@ float fma_peak_loop(std::int64_t iterations) {
 // clang-format off
 constexpr KernelTable kTable = {
     GDN_TARGET_ISA,
-    {&chunked_item<float, float>, &chunked_item<double, double>, nullptr, nullptr},
-    {&recurrent_item<float, float>, &recurrent_item<double, double>, nullptr, nullptr},
-    {&backward_item<float, float>, &backward_item<double, double>, nullptr, nullptr},
+    {&chunked_item<float, float>, &chunked_item<double, double>,
+     &chunked_item<float, BFloat16>, &chunked_item<float, Float16>},
+    {&recurrent_item<float, float>, &recurrent_item<double, double>,
+     &recurrent_item<float, BFloat16>, &recurrent_item<float, Float16>},
+    {&backward_item<float, float>, &backward_item<double, double>,
+     &backward_item<float, BFloat16>, &backward_item<float, Float16>},
     &conv_forward_item<float>,
     &conv_forward_item<double>,
     &conv_backward_item<float>,

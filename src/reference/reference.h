@@ -11,6 +11,7 @@
 
 #include "api/problem.h"
 #include "api/validate.h"
+#include "common/half_bits.h"
 #include "gdn/backward.h"
 #include "gdn/forward.h"
 #include "gdn/layer.h"
@@ -46,10 +47,18 @@ inline std::int64_t token_offset(const detail::TokenTensor<Pointer>& x, const de
   return s.batch * x.batch + (s.start + t) * x.token + h * x.head;
 }
 
-// Element `offset` of a float tensor, as double (exact for f32 and f64).
+// Element `offset` of a float tensor, as double (exact for every float dtype).
 inline double read_real(const std::byte* data, DType dtype, std::int64_t offset) {
-  if (dtype == DType::f32) return reinterpret_cast<const float*>(data)[offset];
-  return reinterpret_cast<const double*>(data)[offset];
+  switch (dtype) {
+    case DType::f32:
+      return reinterpret_cast<const float*>(data)[offset];
+    case DType::bf16:
+      return detail::float_from_bf16(reinterpret_cast<const std::uint16_t*>(data)[offset]);
+    case DType::f16:
+      return detail::float_from_f16(reinterpret_cast<const std::uint16_t*>(data)[offset]);
+    default:
+      return reinterpret_cast<const double*>(data)[offset];
+  }
 }
 
 // Row (sequence s, token t, head h) of a token tensor: n elements as double.

@@ -103,7 +103,8 @@ TEST(Validation, ValidSetupRuns) {
 
 TEST(Validation, Q) {
   expect_invalid("q", {"rank 3", "rank 2"}, [](Fixture& s) { s.in.q.rank = 2; });
-  expect_invalid("q", {"f32 or f64", "i64"}, [](Fixture& s) { s.in.q.dtype = DType::i64; });
+  expect_invalid("q", {"f32, f64, bf16 or f16", "i64"},
+                 [](Fixture& s) { s.in.q.dtype = DType::i64; });
   expect_invalid("q", {"Dk in [1, 256]", "300"}, [](Fixture& s) { s.in.q.sizes[2] = 300; });
   expect_invalid("q", {"non-null"}, [](Fixture& s) { s.in.q.data = nullptr; });
   expect_invalid("q", {"non-negative"}, [](Fixture& s) { s.in.q.sizes[0] = -1; });

@@ -11,6 +11,10 @@ double value_at(const Tensor& t, std::int64_t i) {
       return t.data<float>()[i];
     case DType::f64:
       return t.data<double>()[i];
+    case DType::bf16:
+      return bf16_value(static_cast<const std::uint16_t*>(t.raw())[i]);
+    case DType::f16:
+      return f16_value(static_cast<const std::uint16_t*>(t.raw())[i]);
     case DType::i64:
       return static_cast<double>(t.data<std::int64_t>()[i]);
     default:

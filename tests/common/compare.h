@@ -10,7 +10,7 @@
 
 namespace gdn::test {
 
-// Error of x (f32 or f64) against ref (f64), element by element in flat order.
+// Error of x (any float dtype) against ref (f64), element by element in flat order.
 bench::ErrorStats compare(const Tensor& x, const Tensor& ref);
 
 // Passes when compare(x, ref).normalized() <= tolerance; the failure message carries the

@@ -1,0 +1,309 @@
+// precision_test.cc: bf16 and f16 activations (q, k, v, o, d_o, dq, dk, dv) with float32
+// gates, states, residuals and accumulation, on every compiled ISA variant.
+//
+// Two checks per output (docs/numerics.md, "16-bit activations"):
+//   - against the float64 reference run on the same 16-bit inputs, within a tolerance derived
+//     from the same-precision baseline: the plain float32 recurrence on the 16-bit inputs, its
+//     16-bit outputs rounded like ours. Tolerance = 2 x that baseline's error + the float32
+//     tolerance of the fast path (a 16-bit output carries at most one more rounding than the
+//     float32 one, and the baseline carries it too);
+//   - bit for bit against the float32 path on the same values widened to float32, its 16-bit
+//     outputs rounded to nearest even: the 16-bit path converts on load and store and computes
+//     exactly what the float32 path computes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/compare.h"
+#include "common/problem.h"
+
+namespace gdn {
+namespace {
+
+using test::make_problem;
+using test::Problem;
+using test::ProblemSpec;
+
+constexpr double kEpsF32 = 1.1920928955078125e-07;
+
+double f32_tolerance(double baseline_error) { return 8.0 * (baseline_error + 8 * kEpsF32); }
+
+std::vector<CpuIsa> compiled_isas() {
+  std::vector<CpuIsa> isas;
+  for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
+    if (cpu_isa_available(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+std::uint16_t half_bits(DType dtype, float x) {
+  return dtype == DType::bf16 ? bf16_bits(x) : f16_bits(x);
+}
+float half_value(DType dtype, std::uint16_t bits) {
+  return dtype == DType::bf16 ? bf16_value(bits) : f16_value(bits);
+}
+
+// A float32 tensor rounded to the 16-bit `dtype` (same shape).
+Tensor to_half(const Tensor& x, DType dtype) {
+  Tensor r(dtype, x.rank(), x.sizes());
+  auto* out = static_cast<std::uint16_t*>(r.raw());
+  for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = half_bits(dtype, x.data<float>()[i]);
+  return r;
+}
+// A 16-bit tensor widened to float32, exactly.
+Tensor widen(const Tensor& x) {
+  Tensor r(DType::f32, x.rank(), x.sizes());
+  const auto* in = static_cast<const std::uint16_t*>(x.raw());
+  for (std::int64_t i = 0; i < x.numel(); ++i) r.data<float>()[i] = half_value(x.dtype(), in[i]);
+  return r;
+}
+
+// The same problem twice: `half` with 16-bit q, k, v; `wide` with those values as float32.
+// Gates and the initial state are float32 in both.
+struct Pair {
+  Problem half, wide;
+};
+Pair make_pair(const ProblemSpec& spec, DType dtype) {
+  Pair p{make_problem(spec), make_problem(spec)};
+  for (Tensor Problem::*x : {&Problem::q, &Problem::k, &Problem::v}) {
+    p.half.*x = to_half(p.wide.*x, dtype);
+    p.wide.*x = widen(p.half.*x);
+  }
+  return p;
+}
+
+BackwardInputs backward_inputs(const Problem& p, const Tensor& d_o, const Tensor& d_ht) {
+  return {p.q.view(),  p.k.view(),          p.v.view(), p.g.view(),  p.beta.view(),
+          p.h0.view(), p.cu_seqlens.view(), d_o.view(), d_ht.view(), {},
+          {}};
+}
+
+ProblemSpec mixed_spec() {
+  ProblemSpec spec;
+  spec.lengths = {150, 1, 0, 64, 37};
+  spec.hk = 2;
+  spec.hv = 4;
+  spec.dk = 32;
+  spec.dv = 24;
+  spec.initial_state = true;
+  spec.l2norm = true;
+  spec.g_lo = -3;
+  return spec;
+}
+
+class HalfActivations : public ::testing::TestWithParam<DType> {};
+
+TEST_P(HalfActivations, ForwardMatchesReferenceAndFloat32Path) {
+  const DType dtype = GetParam();
+  const Pair p = make_pair(mixed_spec(), dtype);
+  const ForwardOptions base_options = p.half.options();
+  const ForwardResult ref = ref::recurrent_fwd(p.half.inputs(), base_options);
+  const ForwardResult base = test::baseline_f32(p.wide, base_options);
+  const double o_tol = 2 * test::compare(to_half(base.o, dtype), ref.o).normalized() +
+                       f32_tolerance(test::compare(base.o, ref.o).normalized());
+  const double state_tol =
+      f32_tolerance(test::compare(base.final_state, ref.final_state).normalized());
+  for (CpuIsa isa : compiled_isas()) {
+    for (Algorithm algorithm : {Algorithm::chunked, Algorithm::recurrent}) {
+      ForwardOptions o = base_options;
+      o.isa = isa;
+      o.algorithm = algorithm;
+      o.chunk_size = 16;
+      const std::string what = std::string(dtype_name(dtype)) + ", " + cpu_isa_name(isa) +
+                               (algorithm == Algorithm::chunked ? ", chunked" : ", recurrent");
+      const ForwardResult r = chunk_gated_delta_rule_fwd(p.half.inputs(), o, Residuals::all);
+      ASSERT_EQ(r.o.dtype(), dtype);
+      ASSERT_EQ(r.final_state.dtype(), DType::f32);
+      EXPECT_TRUE(test::within(r.o, ref.o, o_tol, "o, " + what));
+      EXPECT_TRUE(test::within(r.final_state, ref.final_state, state_tol, "final_state, " + what));
+
+      const ForwardResult w = chunk_gated_delta_rule_fwd(p.wide.inputs(), o, Residuals::all);
+      EXPECT_TRUE(test::bit_identical(r.o, to_half(w.o, dtype), "o vs float32 path, " + what));
+      EXPECT_TRUE(test::bit_identical(r.final_state, w.final_state,
+                                      "final_state vs float32 path, " + what));
+      EXPECT_TRUE(test::bit_identical(r.chunk_states, w.chunk_states,
+                                      "chunk_states vs float32 path, " + what));
+      if (algorithm == Algorithm::chunked) {
+        EXPECT_TRUE(test::bit_identical(r.t_inv, w.t_inv, "t_inv vs float32 path, " + what));
+      }
+    }
+  }
+}
+
+TEST_P(HalfActivations, BackwardMatchesReferenceAndFloat32Path) {
+  const DType dtype = GetParam();
+  const Pair p = make_pair(mixed_spec(), dtype);
+  const test::Cotangents c = test::make_cotangents(p.wide, 11);
+  const Tensor d_o = to_half(c.d_o, dtype), d_o_wide = widen(d_o);
+  const ForwardOptions base_options = p.half.options();
+  const BackwardResult ref = ref::recurrent_bwd(backward_inputs(p.half, d_o, c.d_ht), base_options);
+  const BackwardResult base = test::baseline_f32_bwd(p.wide, d_o_wide, c.d_ht, base_options);
+  const char* const names[6] = {"dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
+  auto grads = [](const BackwardResult& r) {
+    return std::vector<const Tensor*>{&r.dq, &r.dk, &r.dv, &r.dg, &r.dbeta, &r.d_initial_state};
+  };
+  std::vector<double> tol(6);
+  for (int i = 0; i < 6; ++i) {
+    const Tensor& b = *grads(base)[i];
+    const Tensor& rf = *grads(ref)[i];
+    tol[i] = f32_tolerance(test::compare(b, rf).normalized());
+    if (i < 3) tol[i] += 2 * test::compare(to_half(b, dtype), rf).normalized();
+  }
+  for (CpuIsa isa : compiled_isas()) {
+    ForwardOptions o = base_options;
+    o.isa = isa;
+    o.chunk_size = 16;
+    const std::string what = std::string(dtype_name(dtype)) + ", " + cpu_isa_name(isa);
+    const ForwardResult fwd = chunk_gated_delta_rule_fwd(p.half.inputs(), o, Residuals::all);
+    BackwardInputs in = backward_inputs(p.half, d_o, c.d_ht);
+    in.chunk_states = fwd.chunk_states.view();
+    in.t_inv = fwd.t_inv.view();
+    const BackwardResult r = chunk_gated_delta_rule_bwd(in, o);
+    BackwardInputs in_wide = backward_inputs(p.wide, d_o_wide, c.d_ht);
+    const BackwardResult w = chunk_gated_delta_rule_bwd(in_wide, o);
+    for (int i = 0; i < 6; ++i) {
+      const Tensor& got = *grads(r)[i];
+      ASSERT_EQ(got.dtype(), i < 3 ? dtype : DType::f32) << names[i];
+      EXPECT_TRUE(test::within(got, *grads(ref)[i], tol[i], std::string(names[i]) + ", " + what));
+      const Tensor& wide = *grads(w)[i];
+      const std::string vs = std::string(names[i]) + " vs float32 path, " + what;
+      if (i < 3) {
+        EXPECT_TRUE(test::bit_identical(got, to_half(wide, dtype), vs));
+      } else {
+        EXPECT_TRUE(test::bit_identical(got, wide, vs));
+      }
+    }
+  }
+}
+
+TEST_P(HalfActivations, BitIdenticalForAnyThreadCount) {
+  const DType dtype = GetParam();
+  const Pair p = make_pair(mixed_spec(), dtype);
+  const test::Cotangents c = test::make_cotangents(p.wide, 12);
+  const Tensor d_o = to_half(c.d_o, dtype);
+  for (CpuIsa isa : compiled_isas()) {
+    ForwardOptions o = p.half.options();
+    o.isa = isa;
+    o.threads = 1;
+    const ForwardResult f1 = chunk_gated_delta_rule_fwd(p.half.inputs(), o);
+    const BackwardResult b1 = chunk_gated_delta_rule_bwd(backward_inputs(p.half, d_o, c.d_ht), o);
+    for (int threads : {2, 3}) {
+      o.threads = threads;
+      const std::string what = std::string(dtype_name(dtype)) + ", " + cpu_isa_name(isa) + ", " +
+                               std::to_string(threads) + " threads";
+      const ForwardResult f = chunk_gated_delta_rule_fwd(p.half.inputs(), o);
+      EXPECT_TRUE(test::bit_identical(f.o, f1.o, "o, " + what));
+      const BackwardResult b = chunk_gated_delta_rule_bwd(backward_inputs(p.half, d_o, c.d_ht), o);
+      EXPECT_TRUE(test::bit_identical(b.dq, b1.dq, "dq, " + what));
+      EXPECT_TRUE(test::bit_identical(b.dg, b1.dg, "dg, " + what));
+    }
+  }
+}
+
+// Gates, states and residuals are float32 with 16-bit activations; anything else is a clear
+// error naming the argument.
+TEST_P(HalfActivations, ValidationNamesTheArgument) {
+  const DType dtype = GetParam();
+  ProblemSpec spec = mixed_spec();
+  const Pair p = make_pair(spec, dtype);
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  ForwardInputs in = p.half.inputs();
+  const Tensor g_half = to_half(p.half.g, dtype);
+  in.g = g_half.view();
+  EXPECT_NE(message([&] { chunk_gated_delta_rule_fwd(in, p.half.options()); }).find("'g'"),
+            std::string::npos);
+  in = p.half.inputs();
+  const Tensor h0_half = to_half(p.half.h0, dtype);
+  in.initial_state = h0_half.view();
+  const std::string h0_error = message([&] { chunk_gated_delta_rule_fwd(in, p.half.options()); });
+  EXPECT_NE(h0_error.find("initial_state"), std::string::npos) << h0_error;
+  EXPECT_NE(h0_error.find("f32"), std::string::npos) << h0_error;
+
+  // A float32 o for 16-bit q.
+  const ForwardResult good = chunk_gated_delta_rule_fwd(p.half.inputs(), p.half.options());
+  Tensor o32(DType::f32, good.o.rank(), good.o.sizes());
+  Tensor ht(DType::f32, good.final_state.rank(), good.final_state.sizes());
+  const std::string o_error = message([&] {
+    chunk_gated_delta_rule_fwd(p.half.inputs(),
+                               ForwardOutputs{o32.mutable_view(), ht.mutable_view(), {}, {}},
+                               p.half.options());
+  });
+  EXPECT_NE(o_error.find("'o'"), std::string::npos) << o_error;
+  EXPECT_NE(o_error.find(dtype_name(dtype)), std::string::npos) << o_error;
+  // k in another 16-bit type than q.
+  in = p.half.inputs();
+  const Tensor k_other = to_half(widen(p.half.k), dtype == DType::bf16 ? DType::f16 : DType::bf16);
+  in.k = k_other.view();
+  EXPECT_NE(message([&] { chunk_gated_delta_rule_fwd(in, p.half.options()); }).find("'k'"),
+            std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, HalfActivations, ::testing::Values(DType::bf16, DType::f16),
+                         [](const ::testing::TestParamInfo<DType>& param) {
+                           return std::string(dtype_name(param.param));
+                         });
+
+// The conversions against independent arithmetic: every 16-bit pattern widens to a float that
+// rounds back to the same pattern (NaNs to a NaN); random floats and the halfway points between
+// neighbours round to the nearer neighbour, ties to the even one.
+TEST(HalfConversions, RoundTripAndNearestEven) {
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+      const auto h = static_cast<std::uint16_t>(bits);
+      const float x = half_value(dtype, h);
+      if (std::isnan(x)) {
+        EXPECT_TRUE(std::isnan(half_value(dtype, half_bits(dtype, x)))) << bits;
+      } else {
+        ASSERT_EQ(half_bits(dtype, x), h) << dtype_name(dtype) << " pattern " << bits;
+      }
+    }
+    // Halfway between consecutive finite positive patterns h and h + 1: ties to even.
+    const std::uint16_t last = dtype == DType::bf16 ? 0x7f7f : 0x7bff;
+    for (std::uint16_t h = 0; h < last; ++h) {
+      const double lo = half_value(dtype, h), hi = half_value(dtype, h + 1);
+      const double mid = (lo + hi) / 2;  // exact in double; also exact in float
+      const auto midf = static_cast<float>(mid);
+      if (static_cast<double>(midf) != mid) continue;
+      const std::uint16_t even = (h % 2 == 0) ? h : static_cast<std::uint16_t>(h + 1);
+      ASSERT_EQ(half_bits(dtype, midf), even) << dtype_name(dtype) << " tie after " << h;
+      ASSERT_EQ(half_bits(dtype, -midf), even | 0x8000) << dtype_name(dtype) << " tie after " << h;
+    }
+    // Random floats: the result is a neighbour and no other pattern is nearer.
+    test::Random rng(dtype == DType::bf16 ? 5 : 6);
+    for (int i = 0; i < 200000; ++i) {
+      const double magnitude =
+          std::ldexp(rng.uniform(1, 2), static_cast<int>(rng.uniform(-26, 17)));
+      const auto x = static_cast<float>(rng.uniform() < 0.5 ? -magnitude : magnitude);
+      const std::uint16_t h = half_bits(dtype, x);
+      if (std::isinf(half_value(dtype, h))) continue;  // beyond f16's range
+      const double err = std::fabs(static_cast<double>(half_value(dtype, h)) - x);
+      for (int step : {-1, 1}) {
+        const auto other = static_cast<std::uint16_t>(h + step);
+        const double value = half_value(dtype, other);
+        if (std::isnan(value) || ((other ^ h) & 0x8000) != 0) continue;
+        ASSERT_LE(err, std::fabs(value - x)) << dtype_name(dtype) << " " << x;
+      }
+    }
+  }
+  EXPECT_EQ(f16_bits(65504.0f), 0x7bff);
+  EXPECT_EQ(f16_bits(65520.0f), 0x7c00);  // halfway past the largest: infinity
+  EXPECT_EQ(f16_bits(-1e9f), 0xfc00);
+  EXPECT_EQ(f16_bits(5.9604645e-08f), 0x0001);  // 2^-24, the smallest subnormal
+  EXPECT_EQ(f16_bits(2.9802322e-08f), 0x0000);  // 2^-25: a tie, to even (zero)
+  EXPECT_EQ(bf16_bits(3.3895314e38f), 0x7f7f);
+  EXPECT_EQ(bf16_bits(std::ldexp(1.0f, -133)), 0x0001);  // bf16 keeps float's subnormals
+}
+
+}  // namespace
+}  // namespace gdn
