@@ -22,3 +22,74 @@ struct Float16 {
 #endif
 };
 static_assert(sizeof(BFloat16) == 2 && sizeof(Float16) == 2, "16-bit storage types");
+
+// Contiguous rows: dst[0..n) = src widened, or src rounded to nearest even; a vector at a time
+// (bf16 by integer shifts in every variant; f16 by the F16C conversions where the variant has
+// them), the tail element by element. Each element converts exactly as the scalar types above.
+typedef std::uint16_t HalfBits __attribute__((vector_size(GDN_VECTOR_BYTES / 2)));
+typedef std::uint32_t WideBits __attribute__((vector_size(GDN_VECTOR_BYTES)));
+constexpr int kHalfLanes = GDN_VECTOR_BYTES / 4;
+
+inline Vec<float> widen_bf16(const BFloat16* src) {
+  HalfBits h;
+  __builtin_memcpy(&h, src, sizeof h);
+  const WideBits w = __builtin_convertvector(h, WideBits) << 16;
+  Vec<float> x;
+  __builtin_memcpy(&x, &w, sizeof x);
+  return x;
+}
+inline void narrow_bf16(BFloat16* dst, Vec<float> x) {
+  WideBits w;
+  __builtin_memcpy(&w, &x, sizeof w);
+  const WideBits magnitude = w & 0x7fffffffu;
+  const WideBits rounded = (w + 0x7fffu + ((w >> 16) & 1u)) >> 16;
+  const WideBits nan = (w >> 16) | 0x40u;
+  const HalfBits h = __builtin_convertvector(magnitude > 0x7f800000u ? nan : rounded, HalfBits);
+  __builtin_memcpy(dst, &h, sizeof h);
+}
+
+inline void widen_row(float* dst, const BFloat16* src, std::int64_t n) {
+  std::int64_t j = 0;
+  for (; j + kHalfLanes <= n; j += kHalfLanes) store(dst + j, widen_bf16(src + j));
+  for (; j < n; ++j) dst[j] = static_cast<float>(src[j]);
+}
+inline void narrow_row(BFloat16* dst, const float* src, std::int64_t n) {
+  std::int64_t j = 0;
+  for (; j + kHalfLanes <= n; j += kHalfLanes) narrow_bf16(dst + j, load(src + j));
+  for (; j < n; ++j) dst[j] = BFloat16(src[j]);
+}
+
+inline void widen_row(float* dst, const Float16* src, std::int64_t n) {
+  std::int64_t j = 0;
+#if defined(__F16C__) && GDN_VECTOR_BYTES == 32
+  for (; j + 8 <= n; j += 8) {
+    _mm256_storeu_ps(dst + j,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
+  }
+#elif defined(__AVX512F__) && GDN_VECTOR_BYTES == 64
+  // The zero-masked forms here and below: GCC 12 warns that the plain ones' undefined
+  // pass-through operand is uninitialised.
+  for (; j + 16 <= n; j += 16) {
+    _mm512_storeu_ps(dst + j,
+                     _mm512_maskz_cvtph_ps(
+                         0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j))));
+  }
+#endif
+  for (; j < n; ++j) dst[j] = static_cast<float>(src[j]);
+}
+inline void narrow_row(Float16* dst, const float* src, std::int64_t n) {
+  std::int64_t j = 0;
+#if defined(__F16C__) && GDN_VECTOR_BYTES == 32
+  for (; j + 8 <= n; j += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT));
+  }
+#elif defined(__AVX512F__) && GDN_VECTOR_BYTES == 64
+  for (; j + 16 <= n; j += 16) {
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(dst + j),
+        _mm512_maskz_cvtps_ph(0xffff, _mm512_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT));
+  }
+#endif
+  for (; j < n; ++j) dst[j] = Float16(src[j]);
+}

@@ -5,6 +5,13 @@
 template <class Real, class In>
 inline void gather_row(Real* dst, const In* src, std::int64_t stride, std::int64_t n,
                        std::int64_t padded_n) {
+  if constexpr (__is_same(In, BFloat16) || __is_same(In, Float16)) {
+    if (stride == 1) {
+      widen_row(dst, src, n);
+      for (std::int64_t j = n; j < padded_n; ++j) dst[j] = 0;
+      return;
+    }
+  }
   if (stride == 1) {
     for (std::int64_t j = 0; j < n; ++j) dst[j] = static_cast<Real>(src[j]);
   } else {
@@ -15,6 +22,9 @@ inline void gather_row(Real* dst, const In* src, std::int64_t stride, std::int64
 
 template <class Out, class Real>
 inline void scatter_row(Out* dst, std::int64_t stride, const Real* src, std::int64_t n) {
+  if constexpr (__is_same(Out, BFloat16) || __is_same(Out, Float16)) {
+    if (stride == 1) return narrow_row(dst, src, n);
+  }
   if (stride == 1) {
     for (std::int64_t j = 0; j < n; ++j) dst[j] = static_cast<Out>(src[j]);
   } else {

@@ -19,6 +19,7 @@ struct CoreBenchConfig {
   std::int64_t tokens = 8192, seqs = 1, hk = 16, hv = 32, dk = 128, dv = 128;
   int chunk = 64, repeats = 5, threads = 1;
   CpuIsa isa = CpuIsa::generic;
+  DType dtype = DType::f32;   // activations: f32, bf16 or f16 (gates, states: float32)
   std::string cases = "all";  // all, forward or backward
   bool json = false;          // one JSON line per case on stdout
   bool table = true;          // the table and the ratios on stdout (when not json)

@@ -39,13 +39,17 @@ float64 reference on a slice of the problem (the first tokens of the first key h
 value heads); a failed check stops the benchmark (exit 1).
 
 The default is one Qwen3-Next GDN layer: Hk = 16, Hv = 32, Dk = Dv = 128, one sequence of
-8192 tokens, float32, q and k L2-normalised in the kernel, all cores.
+8192 tokens, float32, q and k L2-normalised in the kernel, all cores. --dtype bf16 or f16
+times 16-bit activations (q, k, v, o, d_o and dq, dk, dv) with float32 gates, states, residuals
+and arithmetic; their check tolerance adds twice the error of the reference's own output
+rounded to that type (docs/numerics.md).
 
 options:
 %s
 examples:
   gdn bench
   gdn bench --threads 1
+  gdn bench --dtype bf16 --threads 1
   gdn bench --seq 64k --repeats 3
   gdn bench --cases backward --json > backward.jsonl
   gdn bench --hv 64 --seqs 4 --tokens 2048
@@ -74,12 +78,54 @@ const std::vector<OptionSpec> kOptions = {
     {"repeats", "R", "timed runs per case after one warm-up (default 5)"},
     {"cases", "LIST", "all, forward or backward (default all)"},
     {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"dtype", "T",
+     "activations (q, k, v, o and their gradients): f32, bf16 or f16; gates, states and "
+     "residuals stay float32 (default f32)"},
     {"json", nullptr, "print one JSON object per case and nothing else on stdout"},
     {"help", nullptr, "show this help"},
 };
 
 // fp32 tolerance of the checks (docs/numerics.md).
 constexpr double kTolerance = 1e-4;
+
+// Element i of a float32, bf16 or f16 tensor.
+double element(const Tensor& t, std::int64_t i) {
+  const auto* half = static_cast<const std::uint16_t*>(t.raw());
+  switch (t.dtype()) {
+    case DType::bf16:
+      return bf16_value(half[i]);
+    case DType::f16:
+      return f16_value(half[i]);
+    default:
+      return t.data<float>()[i];
+  }
+}
+
+// A float32 tensor rounded to `dtype` (itself when f32).
+Tensor rounded(Tensor x, DType dtype) {
+  if (dtype == DType::f32) return x;
+  Tensor r(dtype, x.rank(), x.sizes());
+  auto* out = static_cast<std::uint16_t*>(r.raw());
+  const float* in = x.data<float>();
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    out[i] = dtype == DType::bf16 ? bf16_bits(in[i]) : f16_bits(in[i]);
+  return r;
+}
+
+// The error of a float64 reference rounded to `dtype` against itself: what a 16-bit output
+// cannot avoid (0 for f32).
+double rounding_error(const Tensor& ref, DType dtype) {
+  if (dtype == DType::f32) return 0;
+  const double* r = ref.data<double>();
+  return bench::error_stats(
+             ref.numel(),
+             [&](std::int64_t i) {
+               const auto x = static_cast<float>(r[i]);
+               return dtype == DType::bf16 ? bf16_value(bf16_bits(x)) : f16_value(f16_bits(x));
+             },
+             [&](std::int64_t i) { return r[i]; })
+      .normalized();
+}
 
 // One measured case: `setup` allocates its outputs (and runs whatever untimed work it needs),
 // `run` is what is timed, `check` compares with the float64 reference and returns the error,
@@ -89,6 +135,7 @@ struct Case {
   Residuals kept = Residuals::none;
   double flops = 0;
   std::int64_t residual_bytes = 0;
+  double tolerance = kTolerance;
   std::function<void()> setup, run, teardown;
   std::function<double()> check;
 };
@@ -97,19 +144,21 @@ struct Case {
 double max_error(const std::vector<std::pair<const Tensor*, const Tensor*>>& pairs) {
   double worst = 0;
   for (const auto& [x, ref] : pairs) {
-    const double e =
-        bench::error_stats(x->data<float>(), ref->data<double>(), x->numel()).normalized();
+    const double e = bench::error_stats(
+                         x->numel(), [&](std::int64_t i) { return element(*x, i); },
+                         [&](std::int64_t i) { return ref->data<double>()[i]; })
+                         .normalized();
     worst = std::max(worst, e);
   }
   return worst;
 }
 
-// float32 gradients shaped like the inputs (what a framework would pass to the backward).
+// Gradients shaped and typed like the inputs (what a framework would pass to the backward).
 BackwardResult allocate_grads(const ForwardInputs& in, const ForwardShape& shape) {
   BackwardResult r;
-  r.dq = Tensor(DType::f32, in.q.rank, in.q.sizes);
-  r.dk = Tensor(DType::f32, in.k.rank, in.k.sizes);
-  r.dv = Tensor(DType::f32, in.v.rank, in.v.sizes);
+  r.dq = Tensor(in.q.dtype, in.q.rank, in.q.sizes);
+  r.dk = Tensor(in.k.dtype, in.k.rank, in.k.sizes);
+  r.dv = Tensor(in.v.dtype, in.v.rank, in.v.sizes);
   r.dg = Tensor(DType::f32, in.g.rank, in.g.sizes);
   r.dbeta = Tensor(DType::f32, in.beta.rank, in.beta.sizes);
   r.d_initial_state = Tensor(DType::f32, 4, shape.state_sizes());
@@ -155,14 +204,19 @@ int bench_command(int argc, char** argv) {
   }
   const CpuIsa isa = resolve_cpu_isa(isa_option(args));
   if (threads == 0) threads = default_threads();
+  const std::string dtype_arg = args.choice("dtype", "f32", {"f32", "bf16", "f16"});
+  const DType dtype = dtype_arg == "bf16"  ? DType::bf16
+                      : dtype_arg == "f16" ? DType::f16
+                                           : DType::f32;
 
   std::FILE* info = json ? stderr : stdout;
-  std::fprintf(info,
-               "gdn bench: Hk=%lld Hv=%lld Dk=%lld Dv=%lld, %lld x %lld tokens, f32, chunk %d, "
-               "l2norm\n",
-               static_cast<long long>(hk), static_cast<long long>(hv), static_cast<long long>(dk),
-               static_cast<long long>(dv), static_cast<long long>(seqs),
-               static_cast<long long>(tokens), chunk);
+  std::fprintf(
+      info,
+      "gdn bench: Hk=%lld Hv=%lld Dk=%lld Dv=%lld, %lld x %lld tokens, %s, chunk %d, "
+      "l2norm\n",
+      static_cast<long long>(hk), static_cast<long long>(hv), static_cast<long long>(dk),
+      static_cast<long long>(dv), static_cast<long long>(seqs), static_cast<long long>(tokens),
+      dtype == DType::f32 ? "f32" : (dtype_arg + " activations, float32 state").c_str(), chunk);
   std::fprintf(info, "machine: %s; ISA %s; %d thread%s\n", cpu_model_name().c_str(),
                cpu_isa_name(isa), threads, threads == 1 ? "" : "s");
 
@@ -177,6 +231,7 @@ int bench_command(int argc, char** argv) {
   config.repeats = repeats;
   config.threads = threads;
   config.isa = isa;
+  config.dtype = dtype;
   config.cases = which;
   config.json = json;
   config.info = info;
@@ -192,9 +247,11 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
   const bool json = config.json;
   std::FILE* info = config.info;
   const std::int64_t total = tokens * seqs;
+  const DType dtype = config.dtype;
 
   // Inputs: q, k, v uniform in [-1, 1) (normalised in the kernel), g in [-2, 0) (decays
   // between 0.14 and 1 per token), beta in [0, 1); the cotangent d_o uniform in [-1, 1).
+  // 16-bit activations: the same values rounded to the type.
   progress("  generating inputs...");
   Random rng(20261202);
   Tensor q(DType::f32, {total, hk, dk}), k(DType::f32, {total, hk, dk}),
@@ -215,7 +272,11 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
     for (std::int64_t i = 0; i < d_o.numel(); ++i) {
       d_o.data<float>()[i] = static_cast<float>(rng.uniform(-1, 1));
     }
+    d_o = rounded(std::move(d_o), dtype);
   }
+  q = rounded(std::move(q), dtype);
+  k = rounded(std::move(k), dtype);
+  v = rounded(std::move(v), dtype);
   const ForwardInputs inputs{q.view(), k.view(), v.view(), g.view(), beta.view(), {}, cu.view()};
 
   ForwardOptions base;
@@ -228,29 +289,35 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
   // The check slice: the first tokens of sequence 0, key head 0 and its value heads.
   const std::int64_t group = hv / hk;
   const std::int64_t check_tokens = std::min<std::int64_t>(tokens, 3 * chunk + 5);
-  const ForwardInputs slice{
-      TensorView(q.data<float>(), {check_tokens, 1, dk}, {hk * dk, dk, 1}),
-      TensorView(k.data<float>(), {check_tokens, 1, dk}, {hk * dk, dk, 1}),
-      TensorView(v.data<float>(), {check_tokens, group, dv}, {hv * dv, dv, 1}),
-      TensorView(g.data<float>(), {check_tokens, group}, {hv, 1}),
-      TensorView(beta.data<float>(), {check_tokens, group}, {hv, 1}),
-      {},
-      {}};
+  auto slice_of = [&](const Tensor& x, std::int64_t heads, std::int64_t dim) {
+    return TensorView(x.raw(), x.dtype(), 3, Dims{check_tokens, heads, dim, 0},
+                      Dims{x.sizes()[1] * dim, dim, 1, 0});
+  };
+  const ForwardInputs slice{slice_of(q, 1, dk),
+                            slice_of(k, 1, dk),
+                            slice_of(v, group, dv),
+                            TensorView(g.data<float>(), {check_tokens, group}, {hv, 1}),
+                            TensorView(beta.data<float>(), {check_tokens, group}, {hv, 1}),
+                            {},
+                            {}};
   progress("  float64 reference on the check slice...");
   const ForwardResult reference = ref::recurrent_fwd(slice, base);
   BackwardInputs slice_bwd;
   BackwardResult reference_grads;
   if (which != "forward") {
-    slice_bwd = {
-        slice.q,    slice.k,
-        slice.v,    slice.g,
-        slice.beta, {},
-        {},         TensorView(d_o.data<float>(), {check_tokens, group, dv}, {hv * dv, dv, 1}),
-        {},         {},
-        {}};
+    slice_bwd = {slice.q, slice.k, slice.v, slice.g, slice.beta, {}, {}, slice_of(d_o, group, dv),
+                 {},      {},      {}};
     reference_grads = ref::recurrent_bwd(slice_bwd, base);
   }
   progress("%s", "");
+  // 16-bit outputs: the rounding they cannot avoid, twice, on top of the float32 tolerance.
+  const double forward_tolerance = kTolerance + 2 * rounding_error(reference.o, dtype);
+  double backward_tolerance = kTolerance;
+  if (which != "forward") {
+    for (const Tensor* r : {&reference_grads.dq, &reference_grads.dk, &reference_grads.dv}) {
+      backward_tolerance = std::max(backward_tolerance, kTolerance + 2 * rounding_error(*r, dtype));
+    }
+  }
 
   // Every case writes into its own outputs, allocated for the case and freed after it (what a
   // framework would pass in), so that its peak RSS is inputs + its outputs + workspaces.
@@ -269,11 +336,12 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
                         tokens, seqs, hv, chunk,
                         [&](double n) { return bench::chunked_forward_flops_per_chunk(n, dk, dv); })
                   : bench::recurrent_forward_flops(total, hv, dk, dv);
+    c.tolerance = forward_tolerance;
     ForwardOptions options = base;
     options.algorithm = algorithm;
     c.setup = [&, kept]() {
       fwd_out = ForwardResult{};
-      fwd_out.o = Tensor(DType::f32, 3, shape.o_sizes());
+      fwd_out.o = Tensor(dtype, 3, shape.o_sizes());
       fwd_out.final_state = Tensor(DType::f32, 4, shape.state_sizes());
       if (kept == Residuals::all) {
         fwd_out.chunk_states = Tensor(DType::f32, 4, shape.chunk_states_sizes());
@@ -288,12 +356,11 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
           options);
     };
     c.check = [&]() {
-      const float* o = fwd_out.o.data<float>();
       const double* r = reference.o.data<double>();
       const std::int64_t row = group * dv;
       return bench::error_stats(
                  check_tokens * row,
-                 [&](std::int64_t i) { return o[(i / row) * hv * dv + i % row]; },
+                 [&](std::int64_t i) { return element(fwd_out.o, (i / row) * hv * dv + i % row); },
                  [&](std::int64_t i) { return r[i]; })
           .normalized();
     };
@@ -307,6 +374,7 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
     c.residuals = kept == Residuals::all ? "all" : kept == Residuals::t_inv ? "t_inv" : "none";
     c.kept = kept;
     c.residual_bytes = residual_bytes(shape, kept);
+    c.tolerance = backward_tolerance;
     c.flops = bench::over_chunks(tokens, seqs, hv, chunk, [&](double n) {
       return bench::chunked_backward_flops_per_chunk(n, dk, dv) +
              (kept == Residuals::all
@@ -388,11 +456,11 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
     const double error = c.check();
     std::fprintf(info,
                  "check: %s %s, residuals %s, vs float64 reference (%lld tokens x %lld heads): "
-                 "error %.2e (tolerance %.0e) %s\n",
+                 "error %.2e (tolerance %.1e) %s\n",
                  c.op.c_str(), c.impl.c_str(), c.residuals.c_str(),
                  static_cast<long long>(check_tokens), static_cast<long long>(group), error,
-                 kTolerance, error <= kTolerance ? "PASS" : "FAIL");
-    if (!(error <= kTolerance)) {
+                 c.tolerance, error <= c.tolerance ? "PASS" : "FAIL");
+    if (!(error <= c.tolerance)) {
       std::fprintf(stderr,
                    "gdn bench: the %s %s result does not match the float64 reference; not timing "
                    "it\n",
@@ -411,17 +479,17 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
     }
     if (json) {
       std::printf(
-          "{\"op\": \"%s\", \"impl\": \"%s\", \"residuals\": \"%s\", \"dtype\": \"f32\", "
+          "{\"op\": \"%s\", \"impl\": \"%s\", \"residuals\": \"%s\", \"dtype\": \"%s\", "
           "\"isa\": \"%s\", \"threads\": %d, \"tokens\": %lld, \"seqs\": %lld, \"hk\": %lld, "
           "\"hv\": %lld, \"dk\": %lld, \"dv\": %lld, \"chunk_size\": %d, \"repeats\": %d, "
           "\"median_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, \"us_per_token_head\": %.5f, "
           "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"pct_peak\": %.2f, \"residual_bytes\": %lld, "
           "\"peak_rss_bytes\": %lld, \"check_error\": %.3e}\n",
           (c.op == "backward" ? "backward-" + c.residuals : c.op).c_str(), c.impl.c_str(),
-          c.residuals.c_str(), cpu_isa_name(isa), threads, static_cast<long long>(tokens),
-          static_cast<long long>(seqs), static_cast<long long>(hk), static_cast<long long>(hv),
-          static_cast<long long>(dk), static_cast<long long>(dv), chunk, repeats, t.median_ms,
-          t.min_ms, t.max_ms, us_per, gflops, peak, 100 * gflops / peak,
+          c.residuals.c_str(), dtype_name(dtype), cpu_isa_name(isa), threads,
+          static_cast<long long>(tokens), static_cast<long long>(seqs), static_cast<long long>(hk),
+          static_cast<long long>(hv), static_cast<long long>(dk), static_cast<long long>(dv), chunk,
+          repeats, t.median_ms, t.min_ms, t.max_ms, us_per, gflops, peak, 100 * gflops / peak,
           static_cast<long long>(c.residual_bytes), static_cast<long long>(t.peak_rss), error);
     } else {
       char range[64], row[256];
