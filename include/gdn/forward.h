@@ -29,7 +29,9 @@ struct ForwardOptions {
   std::optional<double> scale;
   // Normalise q and k in the kernel: x / sqrt(sum(x^2) + 1e-6), per token and head.
   bool use_qk_l2norm = false;
-  // Tokens per chunk, 1 to 256. Residuals are laid out per chunk of this size.
+  // Tokens per chunk, 1 to 256, or 0: the tiling plan chooses (gdn/plan.h; forward_shape says
+  // which). Residuals are laid out per chunk of this size, so a backward given them must be
+  // called with the same chunk_size.
   int chunk_size = 64;
   // Worker threads, 0 to 1024; 0 = default_threads(). Results do not depend on it (bit for bit).
   int threads = 0;

@@ -5,6 +5,7 @@
 #include "gdn/error.h"      // IWYU pragma: export
 #include "gdn/forward.h"    // IWYU pragma: export
 #include "gdn/layer.h"      // IWYU pragma: export
+#include "gdn/plan.h"       // IWYU pragma: export
 #include "gdn/reference.h"  // IWYU pragma: export
 #include "gdn/runtime.h"    // IWYU pragma: export
 #include "gdn/step.h"       // IWYU pragma: export

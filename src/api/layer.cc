@@ -17,24 +17,31 @@
 namespace gdn {
 namespace {
 
-// Element i0 (, i1 (, i2)) of a view, as Real.
+// Element i0 (, i1 (, i2)) of a view of any float dtype, as Real; and written from Real.
+template <class View>
+std::int64_t offset_of(const View& v, std::int64_t i0, std::int64_t i1, std::int64_t i2) {
+  return i0 * v.strides[0] + (v.rank > 1 ? i1 * v.strides[1] : 0) +
+         (v.rank > 2 ? i2 * v.strides[2] : 0);
+}
 template <class Real>
 Real read(const TensorView& v, std::int64_t i0, std::int64_t i1 = 0, std::int64_t i2 = 0) {
-  const std::int64_t off = i0 * v.strides[0] + (v.rank > 1 ? i1 * v.strides[1] : 0) +
-                           (v.rank > 2 ? i2 * v.strides[2] : 0);
-  return v.dtype == DType::f32 ? static_cast<Real>(static_cast<const float*>(v.data)[off])
-                               : static_cast<Real>(static_cast<const double*>(v.data)[off]);
+  return detail::element<Real>(v, offset_of(v, i0, i1, i2));
 }
 template <class Real>
 void write(const MutableTensorView& v, Real value, std::int64_t i0, std::int64_t i1 = 0,
            std::int64_t i2 = 0) {
-  const std::int64_t off = i0 * v.strides[0] + (v.rank > 1 ? i1 * v.strides[1] : 0) +
-                           (v.rank > 2 ? i2 * v.strides[2] : 0);
-  if (v.dtype == DType::f32) {
-    static_cast<float*>(v.data)[off] = static_cast<float>(value);
-  } else {
-    static_cast<double*>(v.data)[off] = static_cast<double>(value);
+  detail::store_element<Real>(v, offset_of(v, i0, i1, i2), value);
+}
+
+// A 16-bit [T, C] view as a float32 copy (the gated delta rule on the conv's float32 output
+// takes float32 cotangents).
+Tensor widened(const TensorView& v) {
+  Tensor t(DType::f32, {v.sizes[0], v.sizes[1]});
+  float* to = t.data<float>();
+  for (std::int64_t i = 0; i < v.sizes[0]; ++i) {
+    for (std::int64_t c = 0; c < v.sizes[1]; ++c) to[i * v.sizes[1] + c] = read<float>(v, i, c);
   }
+  return t;
 }
 
 TensorView view(const Tensor& t, std::int64_t offset, std::initializer_list<std::int64_t> sizes,
@@ -72,12 +79,12 @@ void prepare(const LayerInputs& in, const LayerOptions& options, const detail::V
              Work& w) {
   const std::int64_t k = v.taps, d = v.channels, cpad = (d + 15) / 16 * 16;
   const std::int64_t n = v.core.num_seqs, t_count = v.tokens, hv = options.hv;
-  w.weight = Tensor(v.dtype, {k, cpad});
-  w.bias = Tensor(v.dtype, {cpad});
+  w.weight = Tensor(v.compute_dtype, {k, cpad});
+  w.bias = Tensor(v.compute_dtype, {cpad});
   detail::conv_parameters(in.conv_weight, in.conv_bias, k, d, cpad,
                           static_cast<Real*>(w.weight.raw()), static_cast<Real*>(w.bias.raw()));
   if (in.conv_state.present()) {
-    w.state_in = Tensor(v.dtype, {n, k - 1, d});
+    w.state_in = Tensor(v.compute_dtype, {n, k - 1, d});
     Real* s = static_cast<Real*>(w.state_in.raw());
     for (std::int64_t q = 0; q < n; ++q) {
       for (std::int64_t r = 0; r + 1 < k; ++r) {
@@ -86,9 +93,9 @@ void prepare(const LayerInputs& in, const LayerOptions& options, const detail::V
       }
     }
   }
-  w.xh = Tensor(v.dtype, {t_count, d});
-  w.g = Tensor(v.dtype, {t_count, hv});
-  w.beta = Tensor(v.dtype, {t_count, hv});
+  w.xh = Tensor(v.compute_dtype, {t_count, d});
+  w.g = Tensor(v.compute_dtype, {t_count, hv});
+  w.beta = Tensor(v.compute_dtype, {t_count, hv});
   detail::ConvProblem& p = w.conv;
   p.tokens = t_count;
   p.channels = d;
@@ -96,7 +103,8 @@ void prepare(const LayerInputs& in, const LayerOptions& options, const detail::V
   p.cpad = cpad;
   p.num_seqs = n;
   p.seqs = v.sequences.data();
-  p.dtype = v.dtype;
+  p.dtype = v.compute_dtype;
+  p.x_dtype = v.dtype;
   p.x = static_cast<const std::byte*>(in.qkv.data);
   p.x_token = in.qkv.strides[0];
   p.x_channel = in.qkv.strides[1];
@@ -157,10 +165,22 @@ void layer_forward(const LayerInputs& in, const LayerOutputs& out, const LayerOp
   Work w;
   prepare<Real>(in, options, v, w);
   cpu::conv_forward(w.conv, options.isa, options.threads);
+  // 16-bit activations: the gated delta rule writes float32 (its inputs are the conv's float32
+  // output), rounded into out once.
+  const bool narrow = v.dtype != v.compute_dtype;
+  Tensor out32 = narrow ? Tensor(v.compute_dtype, {v.tokens, options.hv * options.dv}) : Tensor{};
+  const MutableTensorView core_out = narrow ? out32.mutable_view() : out.out;
   chunk_gated_delta_rule_fwd(core_inputs(in, options, w),
-                             {heads_view(out.out, options.hv, options.dv), out.recurrent_state_out,
+                             {heads_view(core_out, options.hv, options.dv), out.recurrent_state_out,
                               out.chunk_states, out.t_inv},
                              core_options(options));
+  if (narrow) {
+    const Real* o = static_cast<const Real*>(out32.raw());
+    const std::int64_t width = options.hv * options.dv;
+    for (std::int64_t t = 0; t < v.tokens; ++t) {
+      for (std::int64_t c = 0; c < width; ++c) write<Real>(out.out, o[t * width + c], t, c);
+    }
+  }
   write_conv_state<Real>(in, v, out.conv_state_out);
 }
 
@@ -175,10 +195,12 @@ void layer_backward(const LayerBackwardInputs& in, const LayerBackwardOutputs& o
   cpu::conv_forward(w.conv, options.isa, options.threads);
 
   // The gated delta rule's backward, into dxh (dq, dk, dv are views of it), dg and dbeta.
-  Tensor dxh(v.dtype, {t_count, d}), dg(v.dtype, {t_count, hv}), dbeta(v.dtype, {t_count, hv});
+  const DType cd = v.compute_dtype;
+  Tensor dxh(cd, {t_count, d}), dg(cd, {t_count, hv}), dbeta(cd, {t_count, hv});
   const ForwardInputs core = core_inputs(f, options, w);
   BackwardInputs bin = BackwardInputs::from(core);
-  bin.d_o = heads_view(in.d_out, hv, options.dv);
+  const Tensor d_out32 = v.dtype != cd ? widened(in.d_out) : Tensor{};
+  bin.d_o = heads_view(v.dtype != cd ? d_out32.view() : in.d_out, hv, options.dv);
   bin.d_final_state = in.d_recurrent_state_out;
   bin.chunk_states = in.chunk_states;
   bin.t_inv = in.t_inv;
@@ -212,10 +234,10 @@ void layer_backward(const LayerBackwardInputs& in, const LayerBackwardOutputs& o
   }
 
   // The conv's backward.
-  Tensor d_state_out, d_state_in, dweight(v.dtype, {k, w.conv.cpad}), dbias(v.dtype, {w.conv.cpad});
+  Tensor d_state_out, d_state_in, dweight(cd, {k, w.conv.cpad}), dbias(cd, {w.conv.cpad});
   detail::ConvProblem& p = w.conv;
   if (in.d_conv_state_out.present()) {
-    d_state_out = Tensor(v.dtype, {n, k - 1, d});
+    d_state_out = Tensor(cd, {n, k - 1, d});
     Real* s = static_cast<Real*>(d_state_out.raw());
     for (std::int64_t q = 0; q < n; ++q) {
       for (std::int64_t r = 0; r + 1 < k; ++r) {
@@ -226,7 +248,7 @@ void layer_backward(const LayerBackwardInputs& in, const LayerBackwardOutputs& o
     p.d_state_out = static_cast<const std::byte*>(d_state_out.raw());
   }
   if (out.d_conv_state.present()) {
-    d_state_in = Tensor(v.dtype, {n, k - 1, d});
+    d_state_in = Tensor(cd, {n, k - 1, d});
     p.d_state_in = static_cast<std::byte*>(d_state_in.raw());
   }
   p.dxh = static_cast<const std::byte*>(dxh.raw());
@@ -277,11 +299,12 @@ LayerForwardResult fused_gdn_fwd(const LayerInputs& inputs, const LayerOptions& 
   detail::ValidatedLayer v;
   detail::validate_layer_inputs(inputs, options, &v);
   LayerForwardResult r;
+  const DType c = v.compute_dtype;
   r.out = Tensor(v.dtype, {v.tokens, options.hv * options.dv});
-  r.conv_state_out = Tensor(v.dtype, {v.core.num_seqs, v.taps - 1, v.channels});
-  r.recurrent_state_out = Tensor(v.dtype, 4, v.core.state_sizes());
-  if (residuals == Residuals::all) r.chunk_states = Tensor(v.dtype, 4, v.core.chunk_states_sizes());
-  if (residuals != Residuals::none) r.t_inv = Tensor(v.dtype, 4, v.core.t_inv_sizes());
+  r.conv_state_out = Tensor(c, {v.core.num_seqs, v.taps - 1, v.channels});
+  r.recurrent_state_out = Tensor(c, 4, v.core.state_sizes());
+  if (residuals == Residuals::all) r.chunk_states = Tensor(c, 4, v.core.chunk_states_sizes());
+  if (residuals != Residuals::none) r.t_inv = Tensor(c, 4, v.core.t_inv_sizes());
   fused_gdn_fwd(
       inputs,
       {r.out.mutable_view(), r.conv_state_out.mutable_view(), r.recurrent_state_out.mutable_view(),
@@ -305,16 +328,18 @@ namespace detail {
 
 LayerBackwardResult allocate_layer_grads(const LayerInputs& in, const ValidatedLayer& v,
                                          const LayerOptions& options, DType dtype) {
+  // Activation gradients in `dtype`, the rest in its compute dtype (float64 stays float64).
+  const DType c = dtype == DType::f64 ? dtype : v.compute_dtype;
   LayerBackwardResult r;
   r.d_qkv = Tensor(dtype, 2, in.qkv.sizes);
   r.d_a = Tensor(dtype, 2, in.a.sizes);
   r.d_b = Tensor(dtype, 2, in.b.sizes);
-  r.d_conv_weight = Tensor(dtype, in.conv_weight.rank, in.conv_weight.sizes);
-  if (in.conv_bias.present()) r.d_conv_bias = Tensor(dtype, {v.channels});
-  r.d_A_log = Tensor(dtype, {options.hv});
-  r.d_dt_bias = Tensor(dtype, {options.hv});
-  r.d_conv_state = Tensor(dtype, {v.core.num_seqs, v.taps - 1, v.channels});
-  r.d_recurrent_state = Tensor(dtype, 4, v.core.state_sizes());
+  r.d_conv_weight = Tensor(c, in.conv_weight.rank, in.conv_weight.sizes);
+  if (in.conv_bias.present()) r.d_conv_bias = Tensor(c, {v.channels});
+  r.d_A_log = Tensor(c, {options.hv});
+  r.d_dt_bias = Tensor(c, {options.hv});
+  r.d_conv_state = Tensor(c, {v.core.num_seqs, v.taps - 1, v.channels});
+  r.d_recurrent_state = Tensor(c, 4, v.core.state_sizes());
   return r;
 }
 

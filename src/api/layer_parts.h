@@ -1,14 +1,48 @@
 // layer_parts.h: the pieces of the fused layer op that its orchestration (src/api/layer.cc) and
-// a serving step (src/api/step.cc) share, in the compute type Real (the inputs' dtype,
-// validated): the conv parameters in the conv kernel's layout, and the gates.
+// a serving step (src/api/step.cc) share, in the compute type Real (validated: float64 for
+// float64 inputs, else float32): element access of any float view, the conv parameters in the
+// conv kernel's layout, and the gates.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
+#include "common/half_bits.h"
 #include "gdn/tensor.h"
 
 namespace gdn::detail {
+
+// Element `offset` (in elements) of a float view of any dtype, as Real; and a value stored
+// into one (rounded to nearest even for bf16 and f16).
+template <class Real>
+Real element(const TensorView& v, std::int64_t offset) {
+  switch (v.dtype) {
+    case DType::f32:
+      return static_cast<Real>(static_cast<const float*>(v.data)[offset]);
+    case DType::bf16:
+      return static_cast<Real>(float_from_bf16(static_cast<const std::uint16_t*>(v.data)[offset]));
+    case DType::f16:
+      return static_cast<Real>(float_from_f16(static_cast<const std::uint16_t*>(v.data)[offset]));
+    default:
+      return static_cast<Real>(static_cast<const double*>(v.data)[offset]);
+  }
+}
+template <class Real>
+void store_element(const MutableTensorView& v, std::int64_t offset, Real value) {
+  switch (v.dtype) {
+    case DType::f32:
+      static_cast<float*>(v.data)[offset] = static_cast<float>(value);
+      break;
+    case DType::bf16:
+      static_cast<std::uint16_t*>(v.data)[offset] = bf16_from_float(static_cast<float>(value));
+      break;
+    case DType::f16:
+      static_cast<std::uint16_t*>(v.data)[offset] = f16_from_float(static_cast<float>(value));
+      break;
+    default:
+      static_cast<double*>(v.data)[offset] = static_cast<double>(value);
+  }
+}
 
 template <class Real, int K>
 void transpose_taps(const Real* src, std::int64_t d, std::int64_t cpad, Real* w) {
@@ -58,16 +92,14 @@ template <class Real>
 void layer_gates(const TensorView& a, const TensorView& b, const TensorView& A_log,
                  const TensorView& dt_bias, std::int64_t tokens, std::int64_t hv, Real* g,
                  Real* beta) {
-  const Real* av = static_cast<const Real*>(a.data);
-  const Real* bv = static_cast<const Real*>(b.data);
   for (std::int64_t h = 0; h < hv; ++h) {
     const Real a_scale = std::exp(static_cast<const Real*>(A_log.data)[h * A_log.strides[0]]);
     const Real dt = static_cast<const Real*>(dt_bias.data)[h * dt_bias.strides[0]];
     for (std::int64_t t = 0; t < tokens; ++t) {
-      const Real z = av[t * a.strides[0] + h * a.strides[1]] + dt;
+      const Real z = element<Real>(a, t * a.strides[0] + h * a.strides[1]) + dt;
       const Real softplus = z > (sizeof(Real) == 4 ? 20 : 40) ? z : std::log1p(std::exp(z));
       g[t * hv + h] = -a_scale * softplus;
-      beta[t * hv + h] = 1 / (1 + std::exp(-bv[t * b.strides[0] + h * b.strides[1]]));
+      beta[t * hv + h] = 1 / (1 + std::exp(-element<Real>(b, t * b.strides[0] + h * b.strides[1])));
     }
   }
 }

@@ -80,7 +80,8 @@ struct ConvProblem {
   std::int64_t tokens = 0, channels = 0, taps = 0, cpad = 0;
   std::int64_t num_seqs = 0;
   const Sequence* seqs = nullptr;
-  DType dtype = DType::f32;  // of x, dx and every buffer
+  DType dtype = DType::f32;    // the compute dtype: every buffer
+  DType x_dtype = DType::f32;  // of x and dx: the compute dtype, or bf16 / f16 (float32 compute)
 
   const std::byte* x = nullptr;
   std::int64_t x_token = 0, x_channel = 0;

@@ -12,11 +12,13 @@
 // gdn::ref::fused_gdn_fwd, a decode window one token at a time.
 #include "gdn/step.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "api/layer_parts.h"
+#include "api/step_plan.h"
 #include "api/validate.h"
 #include "cpu/layer.h"
 
@@ -120,10 +122,11 @@ void run_prefills(const StepInputs& in, const StatePools& pools, const MutableTe
   }
 }
 
-// The decodes on the CPU: conv + SiLU, gates, conv states, then the decode kernel.
+// The decodes on the CPU: conv + SiLU, gates, conv states, then the decode kernel, its items
+// split as `plan` says.
 template <class Real>
 void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
-                 const StepOptions& o, const ValidatedStep& v) {
+                 const StepOptions& o, const ValidatedStep& v, const Plan& plan) {
   const std::int64_t n = v.decode_end;
   if (n == 0) return;
   const std::int64_t k = v.layer.taps, d = v.layer.channels, cpad = (d + 15) / 16 * 16;
@@ -148,6 +151,7 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   conv.num_seqs = n;
   conv.seqs = seqs.data();
   conv.dtype = dtype;
+  conv.x_dtype = dtype;
   conv.x = static_cast<const std::byte*>(in.qkv.data);
   conv.x_token = in.qkv.strides[0];
   conv.x_channel = in.qkv.strides[1];
@@ -204,11 +208,7 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   p.channels = d;
   p.dtype = dtype;
   p.scale = 1.0 / std::sqrt(static_cast<double>(o.dk));
-  // Blocks of value columns until there are 8 items per thread (a batch of one sequence
-  // still keeps every core busy); at most one block per vector of 16 columns.
-  const int threads = o.threads > 0 ? o.threads : default_threads();
-  p.vblocks = 1;
-  while (n * hv * p.vblocks < 8 * threads && p.vblocks * 2 * 16 <= o.dv) p.vblocks *= 2;
+  p.vblocks = plan.vblocks;
   p.token_start = v.query_start.data();
   p.write_slot = v.write_slot.data();
   p.read_slot = v.read_slot.data();
@@ -220,16 +220,16 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   p.out = static_cast<std::byte*>(out.data);
   p.out_token = out.strides[0];
   p.out_channel = out.strides[1];
-  cpu::decode(p, o.isa, o.threads);
+  cpu::decode(p, plan.isa, plan.threads);
 }
 
 template <class Real>
 void step_cpu(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
-              const StepOptions& o, const ValidatedStep& v) {
+              const StepOptions& o, const ValidatedStep& v, const Plan& decode_plan) {
   run_prefills<Real>(in, pools, out, o, v, [&](const LayerInputs& li, const LayerOutputs& lo) {
     fused_gdn_fwd(li, lo, o);
   });
-  run_decodes<Real>(in, pools, out, o, v);
+  run_decodes<Real>(in, pools, out, o, v, decode_plan);
   zero_rows<Real>(out, v.query_start[v.mixed_end], v.layer.tokens);
 }
 
@@ -279,15 +279,44 @@ Tensor allocate_out(const StepInputs& in, const StepOptions& options, bool refer
 
 }  // namespace
 
+namespace detail {
+
+Plan decode_plan(const StepOptions& o, const ValidatedStep& v, const cpu::PlanForce& force) {
+  PlanProblem p;
+  p.op = PlanOp::decode;
+  p.num_seqs = std::max<std::int64_t>(v.decode_end, 1);  // a plan for one when there are none
+  for (std::int64_t s = 0; s < v.decode_end; ++s) {
+    p.tokens = std::max(p.tokens, v.query_start[s + 1] - v.query_start[s]);
+  }
+  p.hk = o.hk;
+  p.hv = o.hv;
+  p.dk = o.dk;
+  p.dv = o.dv;
+  p.dtype = v.layer.dtype;
+  ForwardOptions f;
+  f.threads = o.threads;
+  f.isa = o.isa;
+  return cpu::make_plan(p, f, force);
+}
+
+void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const MutableTensorView& out,
+                    const StepOptions& options, const cpu::PlanForce& force) {
+  ValidatedStep v;
+  validate_step(inputs, pools, out, options, OutputPrecision::native, &v);
+  // Planned before anything is written: a forced split the batch cannot take throws here.
+  const Plan plan = decode_plan(options, v, force);
+  if (v.layer.dtype == DType::f64) {
+    step_cpu<double>(inputs, pools, out, options, v, plan);
+  } else {
+    step_cpu<float>(inputs, pools, out, options, v, plan);
+  }
+}
+
+}  // namespace detail
+
 void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const MutableTensorView& out,
                     const StepOptions& options) {
-  ValidatedStep v;
-  detail::validate_step(inputs, pools, out, options, detail::OutputPrecision::native, &v);
-  if (v.layer.dtype == DType::f64) {
-    step_cpu<double>(inputs, pools, out, options, v);
-  } else {
-    step_cpu<float>(inputs, pools, out, options, v);
-  }
+  detail::fused_gdn_step(inputs, pools, out, options, cpu::PlanForce{});
 }
 
 Tensor fused_gdn_step(const StepInputs& inputs, const StatePools& pools,

@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cpu/plan.h"
 #include "gdn/error.h"
 
 namespace gdn::detail {
@@ -358,7 +359,7 @@ void set_forward_inputs(const ForwardInputs& in, const ForwardOptions& options,
   p->group = p->shape.hv / p->shape.hk;
   p->scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(p->shape.dk));
   p->l2norm = options.use_qk_l2norm;
-  p->chunk_size = options.chunk_size;
+  p->chunk_size = static_cast<int>(p->shape.chunk_size);  // options.chunk_size or the plan's
   p->threads = options.threads;
   p->algorithm = options.algorithm;
   p->seqs = sequences.data();
@@ -374,7 +375,7 @@ void set_forward_inputs(const ForwardInputs& in, const ForwardOptions& options,
 std::string compute_dtype_why(DType activations) {
   if (activations == DType::f64) return " (the compute dtype of float64 inputs)";
   return std::string(" (the compute dtype of ") + dtype_name(activations) +
-         " inputs: gates, states and residuals are float32)";
+         " inputs: parameters, gates, states and residuals are float32)";
 }
 
 }  // namespace
@@ -466,10 +467,13 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
   std::vector<Sequence> local;
   std::vector<Sequence>& seqs = sequences ? *sequences : local;
   seqs.clear();
-  if (options.chunk_size < 1 || options.chunk_size > kMaxChunkSize) {
-    fail("options.chunk_size", "an integer in [1, 256]", std::to_string(options.chunk_size));
+  if (options.chunk_size < 0 || options.chunk_size > kMaxChunkSize) {
+    fail("options.chunk_size", "0 (the tiling plan chooses) or an integer in [1, 256]",
+         std::to_string(options.chunk_size));
   }
-  const std::int64_t chunk = options.chunk_size;
+  // 0: the tiling plan's chunk size for the head dims, dtype, ISA and machine (src/cpu/plan.h).
+  const std::int64_t chunk =
+      options.chunk_size > 0 ? options.chunk_size : cpu::planned_chunk_size(shape, options.isa);
   auto chunks_of = [chunk](std::int64_t len) { return (len + chunk - 1) / chunk; };
   const TensorView& cu = in.cu_seqlens;
   if (batched) {
@@ -751,8 +755,9 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
   if (qkv.rank != 2)
     fail("qkv", "rank 2 [T, D]", "rank " + std::to_string(qkv.rank) + " " + shape_of(qkv));
   check_extent("qkv", qkv);
-  if (qkv.dtype != DType::f32 && qkv.dtype != DType::f64) {
-    fail("qkv", "dtype f32 or f64", dtype_name(qkv.dtype));
+  if (qkv.dtype != DType::f32 && qkv.dtype != DType::f64 && qkv.dtype != DType::bf16 &&
+      qkv.dtype != DType::f16) {
+    fail("qkv", "dtype f32, f64, bf16 or f16", dtype_name(qkv.dtype));
   }
   if (qkv.sizes[1] != d) {
     fail("qkv", "[T, D] with D = 2 Hk Dk + Hv Dv = " + std::to_string(d) + " (" + layout + ")",
@@ -761,7 +766,9 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
   r.tokens = qkv.sizes[0];
   r.channels = d;
   r.dtype = qkv.dtype;
+  r.compute_dtype = qkv.dtype == DType::f64 ? DType::f64 : DType::f32;
   const std::string same_dtype = " (the dtype of qkv)";
+  const std::string compute = compute_dtype_why(r.dtype);
   for (const auto& [name, view] :
        {std::pair<const char*, const TensorView*>{"a", &in.a}, {"b", &in.b}}) {
     expect_shape(name, *view, 2, {r.tokens, hv, 0, 0}, "[T, Hv]");
@@ -778,17 +785,17 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
          "K = " + std::to_string(r.taps));
   }
   check_extent("conv_weight", w);
-  expect_dtype("conv_weight", w, r.dtype, same_dtype);
+  expect_dtype("conv_weight", w, r.compute_dtype, compute);
   if (in.conv_bias.present()) {
     expect_shape("conv_bias", in.conv_bias, 1, {d, 0, 0, 0}, "[D]");
     check_extent("conv_bias", in.conv_bias);
-    expect_dtype("conv_bias", in.conv_bias, r.dtype, same_dtype);
+    expect_dtype("conv_bias", in.conv_bias, r.compute_dtype, compute);
   }
   for (const auto& [name, view] :
        {std::pair<const char*, const TensorView*>{"A_log", &in.A_log}, {"dt_bias", &in.dt_bias}}) {
     expect_shape(name, *view, 1, {hv, 0, 0, 0}, "[Hv]");
     check_extent(name, *view);
-    expect_dtype(name, *view, r.dtype, same_dtype);
+    expect_dtype(name, *view, r.compute_dtype, compute);
   }
   if (in.cu_seqlens.present()) {
     packed_sequences(in.cu_seqlens, r.tokens, options.chunk_size, "tokens of qkv", &r.sequences);
@@ -808,17 +815,18 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
   core.chunk_size = chunk;
   core.total_chunks =
       r.sequences.back().first_chunk + (r.sequences.back().length + chunk - 1) / chunk;
-  core.dtype = r.dtype;
-  core.compute_dtype = r.dtype;
+  // The gated delta rule runs on the conv's output, which has the compute dtype.
+  core.dtype = r.compute_dtype;
+  core.compute_dtype = r.compute_dtype;
   if (in.conv_state.present()) {
     expect_shape("conv_state", in.conv_state, 3, {n, r.taps - 1, d, 0}, "[N, K - 1, D]");
     check_extent("conv_state", in.conv_state);
-    expect_dtype("conv_state", in.conv_state, r.dtype, same_dtype);
+    expect_dtype("conv_state", in.conv_state, r.compute_dtype, compute);
   }
   if (in.recurrent_state.present()) {
     expect_shape("recurrent_state", in.recurrent_state, 4, core.state_sizes(), "[N, Hv, Dk, Dv]");
     check_extent("recurrent_state", in.recurrent_state);
-    expect_dtype("recurrent_state", in.recurrent_state, r.dtype, same_dtype);
+    expect_dtype("recurrent_state", in.recurrent_state, r.compute_dtype, compute);
   }
 }
 
@@ -865,19 +873,21 @@ void validate_layer_forward(const LayerInputs& in, const LayerOutputs& out,
     check_rank(name, *view);
   }
   const bool f64 = precision == OutputPrecision::float64;
-  const DType out_dtype = f64 ? DType::f64 : r.dtype;
+  const DType out_dtype = f64 ? DType::f64 : r.dtype, state = f64 ? DType::f64 : r.compute_dtype;
   const std::string why = f64 ? " (reference outputs are float64)" : " (the dtype of qkv)";
+  const std::string why_state =
+      f64 ? " (reference outputs are float64)" : compute_dtype_why(r.dtype);
   const std::int64_t n = r.core.num_seqs;
   expect_output("out", out.out, 2, {r.tokens, options.hv * options.dv, 0, 0}, "[T, Hv Dv]",
                 out_dtype, why, true);
   expect_output("conv_state_out", out.conv_state_out, 3, {n, r.taps - 1, r.channels, 0},
-                "[N, K - 1, D]", out_dtype, why, false);
+                "[N, K - 1, D]", state, why_state, false);
   expect_output("recurrent_state_out", out.recurrent_state_out, 4, r.core.state_sizes(),
-                "[N, Hv, Dk, Dv]", out_dtype, why, false);
+                "[N, Hv, Dk, Dv]", state, why_state, false);
   expect_output("chunk_states", out.chunk_states, 4, r.core.chunk_states_sizes(),
-                "[total_chunks, Hv, Dk, Dv]", out_dtype, why, false);
-  expect_output("t_inv", out.t_inv, 4, r.core.t_inv_sizes(), "[total_chunks, Hv, C, C]", out_dtype,
-                why, false);
+                "[total_chunks, Hv, Dk, Dv]", state, why_state, false);
+  expect_output("t_inv", out.t_inv, 4, r.core.t_inv_sizes(), "[total_chunks, Hv, C, C]", state,
+                why_state, false);
   check_aliasing(
       {{"out", &out.out},
        {"conv_state_out", &out.conv_state_out},
@@ -916,32 +926,36 @@ void validate_layer_backward(const LayerBackwardInputs& in, const LayerBackwardO
   const std::string same = " (the dtype of qkv)";
   expect_output("d_out", in.d_out, 2, {r.tokens, hv * options.dv, 0, 0}, "[T, Hv Dv]", r.dtype,
                 same, true);
+  const std::string why_res = compute_dtype_why(r.dtype);
+  const DType c = r.compute_dtype;
   expect_output("d_conv_state_out", in.d_conv_state_out, 3, {n, r.taps - 1, r.channels, 0},
-                "[N, K - 1, D]", r.dtype, same, false);
+                "[N, K - 1, D]", c, why_res, false);
   expect_output("d_recurrent_state_out", in.d_recurrent_state_out, 4, r.core.state_sizes(),
-                "[N, Hv, Dk, Dv]", r.dtype, same, false);
-  const std::string why_res = " (the compute dtype of these inputs)";
+                "[N, Hv, Dk, Dv]", c, why_res, false);
   expect_output("chunk_states", in.chunk_states, 4, r.core.chunk_states_sizes(),
-                "[total_chunks, Hv, Dk, Dv]", r.dtype, why_res, false);
-  expect_output("t_inv", in.t_inv, 4, r.core.t_inv_sizes(), "[total_chunks, Hv, C, C]", r.dtype,
-                why_res, false);
+                "[total_chunks, Hv, Dk, Dv]", c, why_res, false);
+  expect_output("t_inv", in.t_inv, 4, r.core.t_inv_sizes(), "[total_chunks, Hv, C, C]", c, why_res,
+                false);
 
+  // Gradients have the dtype of their input: activations for d_qkv, d_a and d_b, the compute
+  // dtype for the rest; the reference's are float64.
   const bool f64 = precision == OutputPrecision::float64;
-  const DType g = f64 ? DType::f64 : r.dtype;
+  const DType g = f64 ? DType::f64 : r.dtype, gc = f64 ? DType::f64 : c;
   const std::string why = f64 ? " (reference outputs are float64)" : " (the dtype of qkv)";
+  const std::string whyc = f64 ? why : why_res;
   const LayerInputs& f = in.forward;
   expect_output("d_qkv", out.d_qkv, 2, f.qkv.sizes, "[T, D] (that of qkv)", g, why, true);
   expect_output("d_a", out.d_a, 2, f.a.sizes, "[T, Hv]", g, why, true);
   expect_output("d_b", out.d_b, 2, f.b.sizes, "[T, Hv]", g, why, true);
   expect_output("d_conv_weight", out.d_conv_weight, f.conv_weight.rank, f.conv_weight.sizes,
-                "that of conv_weight", g, why, true);
-  expect_output("d_conv_bias", out.d_conv_bias, 1, {r.channels, 0, 0, 0}, "[D]", g, why, false);
-  expect_output("d_A_log", out.d_A_log, 1, {hv, 0, 0, 0}, "[Hv]", g, why, true);
-  expect_output("d_dt_bias", out.d_dt_bias, 1, {hv, 0, 0, 0}, "[Hv]", g, why, true);
+                "that of conv_weight", gc, whyc, true);
+  expect_output("d_conv_bias", out.d_conv_bias, 1, {r.channels, 0, 0, 0}, "[D]", gc, whyc, false);
+  expect_output("d_A_log", out.d_A_log, 1, {hv, 0, 0, 0}, "[Hv]", gc, whyc, true);
+  expect_output("d_dt_bias", out.d_dt_bias, 1, {hv, 0, 0, 0}, "[Hv]", gc, whyc, true);
   expect_output("d_conv_state", out.d_conv_state, 3, {n, r.taps - 1, r.channels, 0},
-                "[N, K - 1, D]", g, why, false);
+                "[N, K - 1, D]", gc, whyc, false);
   expect_output("d_recurrent_state", out.d_recurrent_state, 4, r.core.state_sizes(),
-                "[N, Hv, Dk, Dv]", g, why, false);
+                "[N, Hv, Dk, Dv]", gc, whyc, false);
   std::vector<NamedInput> inputs = named_layer_inputs(f);
   inputs.insert(inputs.end(), {{"d_out", &in.d_out},
                                {"d_conv_state_out", &in.d_conv_state_out},
@@ -1016,6 +1030,8 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
   const bool f64 = precision == OutputPrecision::float64;
   if (f64 && l.dtype != DType::f64)
     fail("qkv", "dtype f64 (the reference runs in float64)", dtype_name(l.dtype));
+  if (l.dtype != DType::f32 && l.dtype != DType::f64)
+    fail("qkv", "dtype f32 or f64 (the serving step has no 16-bit path)", dtype_name(l.dtype));
   const std::string why = " (the dtype of qkv)";
   expect_pool("conv_state", pools.conv_state, 3, {0, l.taps - 1, l.channels, 0},
               "[num_slots, K - 1, D] = [num_slots, " + std::to_string(l.taps - 1) + ", " +

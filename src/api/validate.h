@@ -64,8 +64,9 @@ class ValidatedLayer {
   ValidatedLayer& operator=(const ValidatedLayer&) = delete;
 
   std::int64_t tokens = 0, channels = 0, taps = 0;
-  DType dtype = DType::f32;
-  ForwardShape core;  // the gated delta rule's shape (num_seqs, chunks, ...)
+  DType dtype = DType::f32;          // activations: qkv, a, b, out and their gradients
+  DType compute_dtype = DType::f32;  // parameters, states, residuals, temporaries
+  ForwardShape core;                 // the gated delta rule's shape (num_seqs, chunks, ...)
   std::vector<Sequence> sequences;
 };
 

@@ -25,13 +25,15 @@
 
 // row = input j of sequence s over all channels: x[start + j] (j >= 0) or conv state row
 // K - 1 + j (zeros when absent), converted, zero padded to cpad.
-template <class Real>
+template <class Real, class In>
 inline void conv_input_row(const detail::ConvProblem& p, std::int64_t s, std::int64_t j,
                            Real* row) {
   const detail::Sequence& seq = p.seqs[s];
   if (j >= 0) {
-    const Real* src = reinterpret_cast<const Real*>(p.x) + (seq.start + j) * p.x_token;
-    if (p.x_channel == 1) {
+    const In* src = reinterpret_cast<const In*>(p.x) + (seq.start + j) * p.x_token;
+    if constexpr (!__is_same(Real, In)) {
+      gather_row(row, src, p.x_channel, p.channels, p.cpad);
+    } else if (p.x_channel == 1) {
       const std::int64_t whole = p.channels / kLanes<Real> * kLanes<Real>;
       for (std::int64_t c = 0; c < whole; c += kLanes<Real>) store(row + c, load(src + c));
       for (std::int64_t c = whole; c < p.cpad; ++c) row[c] = c < p.channels ? src[c] : 0;
@@ -87,7 +89,7 @@ inline void conv_column(const detail::ConvProblem& p, const Real* const* rows, s
 // are read in place when contiguous and a whole number of vectors wide; otherwise (a strided
 // view, a channel tail, an absent conv state) they are staged in the workspace, zero padded. Large
 // outputs are written with non-temporal stores (kConvStreamBytes) when a vector is a cache line.
-template <class Real, int K>
+template <class Real, class In, int K>
 void conv_forward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_t t0,
                        std::int64_t t1, std::byte* workspace) {
   constexpr int W = kLanes<Real>;
@@ -99,7 +101,8 @@ void conv_forward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_
   Real* stage = reinterpret_cast<Real*>(workspace);  // K - 1 + S rows of cp
   Real* tail = stage + (K - 1 + S) * cp;             // the channel tail of S tokens, a vector each
   const std::int64_t whole = channels / W * W;
-  const bool in_place = p.x_channel == 1 && whole == channels;
+  // 16-bit inputs are always staged (widened).
+  const bool in_place = __is_same(Real, In) && p.x_channel == 1 && whole == channels;
   // The column walk stores one vector per row at a time, so only a vector that is a whole
   // cache line fills the write-combining buffer of a non-temporal store: half-line streams
   // (AVX2) interleaved over the sub-block's rows go out as partial writes, measured 2.5x
@@ -123,7 +126,7 @@ void conv_forward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_
         rows[r] = reinterpret_cast<const Real*>(p.state_in) +
                   (state_block * (K - 1) + K - 1 + j) * channels;
       } else {
-        conv_input_row(p, s, j, stage + r * cp);
+        conv_input_row<Real, In>(p, s, j, stage + r * cp);
         rows[r] = stage + r * cp;
       }
     }
@@ -146,27 +149,27 @@ void conv_forward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_
 }
 
 // Sequence s, tokens [t0, t1): xh = SiLU(conv(x)), for K = 1 .. kMaxConvTaps.
-template <class Real>
+template <class Real, class In>
 void conv_forward_item(const detail::ConvProblem& p, std::int64_t s, std::int64_t t0,
                        std::int64_t t1, std::byte* workspace) {
   static_assert(kMaxConvTaps == 8, "one case per tap count");
   switch (p.taps) {
     case 1:
-      return conv_forward_taps<Real, 1>(p, s, t0, t1, workspace);
+      return conv_forward_taps<Real, In, 1>(p, s, t0, t1, workspace);
     case 2:
-      return conv_forward_taps<Real, 2>(p, s, t0, t1, workspace);
+      return conv_forward_taps<Real, In, 2>(p, s, t0, t1, workspace);
     case 3:
-      return conv_forward_taps<Real, 3>(p, s, t0, t1, workspace);
+      return conv_forward_taps<Real, In, 3>(p, s, t0, t1, workspace);
     case 4:
-      return conv_forward_taps<Real, 4>(p, s, t0, t1, workspace);
+      return conv_forward_taps<Real, In, 4>(p, s, t0, t1, workspace);
     case 5:
-      return conv_forward_taps<Real, 5>(p, s, t0, t1, workspace);
+      return conv_forward_taps<Real, In, 5>(p, s, t0, t1, workspace);
     case 6:
-      return conv_forward_taps<Real, 6>(p, s, t0, t1, workspace);
+      return conv_forward_taps<Real, In, 6>(p, s, t0, t1, workspace);
     case 7:
-      return conv_forward_taps<Real, 7>(p, s, t0, t1, workspace);
+      return conv_forward_taps<Real, In, 7>(p, s, t0, t1, workspace);
     default:
-      return conv_forward_taps<Real, 8>(p, s, t0, t1, workspace);
+      return conv_forward_taps<Real, In, 8>(p, s, t0, t1, workspace);
   }
 }
 
@@ -237,7 +240,7 @@ inline void conv_backward_column(const detail::ConvProblem& p, const Real* const
 // [t0, t1 + K - 1): the K - 1 steps past the item recompute the dy its last inputs need.
 // Rows are read and written in place when contiguous and a whole number of vectors wide,
 // else staged; the cotangent of the final conv state is added to its inputs afterwards.
-template <class Real, int K>
+template <class Real, class In, int K>
 void conv_backward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_t t0,
                         std::int64_t t1, std::byte* partial_bytes, std::byte* workspace) {
   constexpr int W = kLanes<Real>;
@@ -247,11 +250,13 @@ void conv_backward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64
   const std::int64_t len = seq.length, lo = t0 == 0 ? -(K - 1) : t0;
   const std::int64_t vecs = (channels + W - 1) / W * W;
   const bool whole = channels % W == 0;
-  const bool x_in_place = p.x_channel == 1 && whole;
-  const bool dx_in_place = p.dx_channel == 1 && whole;
+  // 16-bit x and dx are always staged (widened, rounded).
+  constexpr bool same = __is_same(Real, In);
+  const bool x_in_place = same && p.x_channel == 1 && whole;
+  const bool dx_in_place = same && p.dx_channel == 1 && whole;
   const Real* x = reinterpret_cast<const Real*>(p.x);
   const Real* dxh = reinterpret_cast<const Real*>(p.dxh);
-  Real* dx = reinterpret_cast<Real*>(p.dx);
+  In* dx = reinterpret_cast<In*>(p.dx);
   Real* partial = reinterpret_cast<Real*>(partial_bytes);
   Real* carry = reinterpret_cast<Real*>(workspace);  // K - 1 rows of dy
   Real* x_stage = carry + (K - 1) * cp;              // K - 1 + S rows
@@ -273,7 +278,7 @@ void conv_backward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64
       } else if (j >= 0 && x_in_place) {
         rows[r] = x + (seq.start + j) * p.x_token;
       } else {
-        conv_input_row(p, s, j, x_stage + r * cp);
+        conv_input_row<Real, In>(p, s, j, x_stage + r * cp);
         rows[r] = x_stage + r * cp;
       }
     }
@@ -288,7 +293,8 @@ void conv_backward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64
     }
     for (std::int64_t r = 0; r < n; ++r) {
       const std::int64_t j = u0 - (K - 1) + r;
-      outs[r] = j >= 0 && dx_in_place ? dx + (seq.start + j) * p.dx_token : dx_stage + r * cp;
+      outs[r] = j >= 0 && dx_in_place ? reinterpret_cast<Real*>(dx) + (seq.start + j) * p.dx_token
+                                      : dx_stage + r * cp;
     }
     for (std::int64_t v = 0; v < vecs; v += W) {
       conv_backward_column<Real, K>(p, rows, drows, outs, v, u0, n, len, t1, lo, carry, partial);
@@ -298,6 +304,13 @@ void conv_backward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64
       const std::int64_t j = u0 - (K - 1) + r;
       if (j < lo || (j >= 0 && dx_in_place)) continue;
       if (j >= 0) {
+        if (!same && p.d_state_out != nullptr && j >= len - (K - 1)) {
+          // The final conv state's cotangent (below for the compute type), added before the
+          // one rounding to the 16-bit type.
+          const Real* d = reinterpret_cast<const Real*>(p.d_state_out) +
+                          (s * (K - 1) + j - (len - (K - 1))) * channels;
+          for (std::int64_t c = 0; c < channels; ++c) dx_stage[r * cp + c] += d[c];
+        }
         scatter_row(dx + (seq.start + j) * p.dx_token, p.dx_channel, dx_stage + r * cp, channels);
       } else if (p.d_state_in != nullptr) {
         Real* d = reinterpret_cast<Real*>(p.d_state_in) + (s * (K - 1) + j + K - 1) * channels;
@@ -311,8 +324,10 @@ void conv_backward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64
   for (std::int64_t j = len - (K - 1) > lo ? len - (K - 1) : lo; j < t1; ++j) {
     const Real* d = d_out + (j - (len - (K - 1))) * channels;
     if (j >= 0) {
-      Real* row = dx + (seq.start + j) * p.dx_token;
-      for (std::int64_t c = 0; c < channels; ++c) row[c * p.dx_channel] += d[c];
+      if constexpr (same) {
+        Real* row = dx + (seq.start + j) * p.dx_token;
+        for (std::int64_t c = 0; c < channels; ++c) row[c * p.dx_channel] += d[c];
+      }
     } else if (p.d_state_in != nullptr) {
       Real* row = reinterpret_cast<Real*>(p.d_state_in) + (s * (K - 1) + j + K - 1) * channels;
       for (std::int64_t c = 0; c < channels; ++c) row[c] += d[c];
@@ -322,25 +337,25 @@ void conv_backward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64
 
 // Sequence s, tokens [t0, t1): dx of the block's inputs (and d conv_state for the first
 // block), and the block's partial d weight [K][cpad] and d bias [cpad] into `partial`.
-template <class Real>
+template <class Real, class In>
 void conv_backward_item(const detail::ConvProblem& p, std::int64_t s, std::int64_t t0,
                         std::int64_t t1, std::byte* partial, std::byte* workspace) {
   switch (p.taps) {
     case 1:
-      return conv_backward_taps<Real, 1>(p, s, t0, t1, partial, workspace);
+      return conv_backward_taps<Real, In, 1>(p, s, t0, t1, partial, workspace);
     case 2:
-      return conv_backward_taps<Real, 2>(p, s, t0, t1, partial, workspace);
+      return conv_backward_taps<Real, In, 2>(p, s, t0, t1, partial, workspace);
     case 3:
-      return conv_backward_taps<Real, 3>(p, s, t0, t1, partial, workspace);
+      return conv_backward_taps<Real, In, 3>(p, s, t0, t1, partial, workspace);
     case 4:
-      return conv_backward_taps<Real, 4>(p, s, t0, t1, partial, workspace);
+      return conv_backward_taps<Real, In, 4>(p, s, t0, t1, partial, workspace);
     case 5:
-      return conv_backward_taps<Real, 5>(p, s, t0, t1, partial, workspace);
+      return conv_backward_taps<Real, In, 5>(p, s, t0, t1, partial, workspace);
     case 6:
-      return conv_backward_taps<Real, 6>(p, s, t0, t1, partial, workspace);
+      return conv_backward_taps<Real, In, 6>(p, s, t0, t1, partial, workspace);
     case 7:
-      return conv_backward_taps<Real, 7>(p, s, t0, t1, partial, workspace);
+      return conv_backward_taps<Real, In, 7>(p, s, t0, t1, partial, workspace);
     default:
-      return conv_backward_taps<Real, 8>(p, s, t0, t1, partial, workspace);
+      return conv_backward_taps<Real, In, 8>(p, s, t0, t1, partial, workspace);
   }
 }

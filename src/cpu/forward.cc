@@ -1,6 +1,6 @@
 // forward.cc: the CPU forward driver. Splits a validated problem into work items, each one
-// sequence and a group of the value heads that share a key head, and runs them on OpenMP
-// threads with one workspace per thread.
+// sequence and a group of the value heads that share a key head (as many as the tiling plan
+// says, src/cpu/plan.cc), and runs them on OpenMP threads with one workspace per thread.
 //
 // Every value head is computed start to finish by one thread with the same code whatever its
 // group, and items share no output, so the result is bit-identical for any thread count, any
@@ -15,44 +15,32 @@
 
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
+#include "cpu/plan.h"
 #include "gdn/error.h"
 
 namespace gdn::cpu {
-namespace {
-
-// Value heads per item: the largest divisor of Hv / Hk (at most kMaxGroup) that still leaves
-// two items per thread. A group shares the packing of q and k, their L2 norm and [Q;K] K^T,
-// and reads the q and k rows once instead of once per value head. Measured at 8k tokens,
-// Qwen3-Next shape (2 value heads per key head), one thread, best of 6 runs in 4 alternations:
-// 238-261 ms grouped, 308-332 ms with one value head per item (docs/perf.md). Each further
-// head costs one state (64 KiB at d = 128) of workspace.
-constexpr std::int64_t kMaxGroup = 8;
-
-std::int64_t heads_per_item(const detail::ForwardProblem& p, int threads) {
-  const std::int64_t group = p.group;
-  for (std::int64_t g = group < kMaxGroup ? group : kMaxGroup; g > 1; --g) {
-    if (group % g == 0 &&
-        p.shape.num_seqs * p.shape.hk * (group / g) >= 2 * std::int64_t{threads}) {
-      return g;
-    }
-  }
-  return 1;
-}
-
-}  // namespace
 
 void forward(const detail::ForwardProblem& p, CpuIsa isa) {
-  const KernelTable& table = kernel_table(isa);
+  forward(p, make_plan(plan_problem(p), plan_options(p, isa), PlanForce{}));
+}
+
+void forward(const detail::ForwardProblem& p, const Plan& plan) {
+  const std::int64_t heads = plan.heads_per_item;
+  if (plan.op != PlanOp::forward || plan.chunk_size != p.chunk_size || heads < 1 ||
+      p.group % heads != 0) {
+    throw RuntimeError("forward: a plan for " + std::string(plan_op_name(plan.op)) + ", chunk " +
+                       std::to_string(plan.chunk_size) + ", " + std::to_string(heads) +
+                       " heads per item does not fit a forward problem of chunk " +
+                       std::to_string(p.chunk_size) + " and Hv / Hk = " + std::to_string(p.group));
+  }
+  const KernelTable& table = kernel_table(plan.isa);
   const ForwardItemFn chunked = table.chunked[activations(p.shape.dtype)];
   const ForwardItemFn recurrent = table.recurrent[activations(p.shape.dtype)];
   const bool residuals = p.chunk_states.data != nullptr || p.t_inv.data != nullptr;
-
-  const int threads = p.threads > 0 ? p.threads : default_threads();
-  const std::int64_t heads = heads_per_item(p, threads);
   const std::int64_t groups = p.shape.hv / heads;
   const std::int64_t items = p.shape.num_seqs * groups;
 
-  for_each_item(threads, items, forward_workspace_bytes(p, heads),
+  for_each_item(plan.threads, items, forward_workspace_bytes(p, heads),
                 [&](std::int64_t item, std::byte* workspace) {
                   const std::int64_t s = item / groups, h = item % groups * heads;
                   const std::int64_t length = p.seqs[s].length;

@@ -66,10 +66,8 @@ struct KernelTable {
   ForwardItemFn chunked[kActivationTypes];
   ForwardItemFn recurrent[kActivationTypes];
   BackwardItemFn backward[kActivationTypes];
-  ConvForwardFn conv_forward_f32;
-  ConvForwardFn conv_forward_f64;
-  ConvBackwardFn conv_backward_f32;
-  ConvBackwardFn conv_backward_f64;
+  ConvForwardFn conv_forward[kActivationTypes];    // by activations(x_dtype)
+  ConvBackwardFn conv_backward[kActivationTypes];  // by activations(x_dtype)
   DecodeItemFn decode_f32;
   DecodeItemFn decode_f64;
   // Runs `iterations` rounds of independent fp32 FMA chains at this variant's vector width

@@ -47,7 +47,7 @@ void sum_partials(const detail::ConvProblem& p, const std::byte* partials, std::
 
 void conv_forward(const detail::ConvProblem& p, CpuIsa isa, int threads) {
   const KernelTable& table = kernel_table(isa);
-  const ConvForwardFn fn = p.dtype == DType::f64 ? table.conv_forward_f64 : table.conv_forward_f32;
+  const ConvForwardFn fn = table.conv_forward[activations(p.x_dtype)];
   const std::vector<ConvItem> items = conv_items(p);
   for_each_item(threads > 0 ? threads : default_threads(), static_cast<std::int64_t>(items.size()),
                 conv_workspace_bytes(p, false), [&](std::int64_t i, std::byte* workspace) {
@@ -58,8 +58,7 @@ void conv_forward(const detail::ConvProblem& p, CpuIsa isa, int threads) {
 
 void conv_backward(const detail::ConvProblem& p, CpuIsa isa, int threads) {
   const KernelTable& table = kernel_table(isa);
-  const ConvBackwardFn fn =
-      p.dtype == DType::f64 ? table.conv_backward_f64 : table.conv_backward_f32;
+  const ConvBackwardFn fn = table.conv_backward[activations(p.x_dtype)];
   const std::vector<ConvItem> items = conv_items(p);
   const auto count = static_cast<std::int64_t>(items.size());
   const std::size_t partial_bytes =

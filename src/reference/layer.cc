@@ -17,8 +17,7 @@ namespace {
 double read(const TensorView& v, std::int64_t i0, std::int64_t i1 = 0, std::int64_t i2 = 0) {
   const std::int64_t off = i0 * v.strides[0] + (v.rank > 1 ? i1 * v.strides[1] : 0) +
                            (v.rank > 2 ? i2 * v.strides[2] : 0);
-  return v.dtype == DType::f32 ? static_cast<const float*>(v.data)[off]
-                               : static_cast<const double*>(v.data)[off];
+  return read_real(static_cast<const std::byte*>(v.data), v.dtype, off);
 }
 void write(const MutableTensorView& v, double value, std::int64_t i0, std::int64_t i1 = 0,
            std::int64_t i2 = 0) {
@@ -47,8 +46,7 @@ Tensor to_f64(const TensorView& v) {
           const std::int64_t off = i0 * v.strides[0] + (v.rank > 1 ? i1 * v.strides[1] : 0) +
                                    (v.rank > 2 ? i2 * v.strides[2] : 0) +
                                    (v.rank > 3 ? i3 * v.strides[3] : 0);
-          out[e++] = v.dtype == DType::f32 ? static_cast<const float*>(v.data)[off]
-                                           : static_cast<const double*>(v.data)[off];
+          out[e++] = read_real(static_cast<const std::byte*>(v.data), v.dtype, off);
         }
       }
     }

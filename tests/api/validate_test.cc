@@ -147,8 +147,10 @@ TEST(Validation, CuSeqlens) {
 }
 
 TEST(Validation, Options) {
-  expect_invalid("options.chunk_size", {"[1, 256]", "0"},
-                 [](Fixture& s) { s.options.chunk_size = 0; });
+  // 0 lets the tiling plan choose (tests/cpu/plan_test.cc); below 0 is an error.
+  expect_invalid("options.chunk_size",
+                 {"0 (the tiling plan chooses) or an integer in [1, 256]", "-1"},
+                 [](Fixture& s) { s.options.chunk_size = -1; });
   expect_invalid("options.chunk_size", {"[1, 256]", "512"},
                  [](Fixture& s) { s.options.chunk_size = 512; });
   expect_invalid("options.scale", {"finite", "nan"},

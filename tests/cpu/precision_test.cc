@@ -16,9 +16,11 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/compare.h"
+#include "common/layer_problem.h"
 #include "common/problem.h"
 
 namespace gdn {
@@ -54,6 +56,14 @@ Tensor to_half(const Tensor& x, DType dtype) {
   for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = half_bits(dtype, x.data<float>()[i]);
   return r;
 }
+// A float64 tensor rounded to float32.
+Tensor to_f32(const Tensor& x) {
+  Tensor r(DType::f32, x.rank(), x.sizes());
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    r.data<float>()[i] = static_cast<float>(x.data<double>()[i]);
+  return r;
+}
+
 // A 16-bit tensor widened to float32, exactly.
 Tensor widen(const Tensor& x) {
   Tensor r(DType::f32, x.rank(), x.sizes());
@@ -253,6 +263,104 @@ INSTANTIATE_TEST_SUITE_P(Cpu, HalfActivations, ::testing::Values(DType::bf16, DT
                          [](const ::testing::TestParamInfo<DType>& param) {
                            return std::string(dtype_name(param.param));
                          });
+
+// The fused layer op with 16-bit qkv, a, b, out and their gradients; parameters, states and
+// their gradients float32.
+struct LayerRun {
+  LayerForwardResult fwd;
+  LayerBackwardResult bwd;
+};
+LayerBackwardInputs layer_backward_inputs(const test::LayerProblem& p) {
+  return {p.inputs(), p.d_out.view(), p.d_conv_state_out.view(), p.d_recurrent_state_out.view(), {},
+          {}};
+}
+
+// (name, tensor, activation?) of every output and gradient.
+std::vector<std::tuple<const char*, const Tensor*, bool>> layer_outputs(const LayerRun& r) {
+  return {{"out", &r.fwd.out, true},
+          {"conv_state_out", &r.fwd.conv_state_out, false},
+          {"recurrent_state_out", &r.fwd.recurrent_state_out, false},
+          {"d_qkv", &r.bwd.d_qkv, true},
+          {"d_a", &r.bwd.d_a, true},
+          {"d_b", &r.bwd.d_b, true},
+          {"d_conv_weight", &r.bwd.d_conv_weight, false},
+          {"d_conv_bias", &r.bwd.d_conv_bias, false},
+          {"d_A_log", &r.bwd.d_A_log, false},
+          {"d_dt_bias", &r.bwd.d_dt_bias, false},
+          {"d_conv_state", &r.bwd.d_conv_state, false},
+          {"d_recurrent_state", &r.bwd.d_recurrent_state, false}};
+}
+
+double cosine(const Tensor& x, const Tensor& ref) {
+  double dot = 0, nx = 0, nr = 0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const double a = test::value_at(x, i), b = test::value_at(ref, i);
+    dot += a * b;
+    nx += a * a;
+    nr += b * b;
+  }
+  return dot / std::sqrt(nx * nr);
+}
+
+// Layer tolerance: float32 results within 1e-4 of the reference on the same inputs (the layer's
+// float32 tolerance, tests/cpu/layer_test.cc); 16-bit ones within that plus twice the error of
+// the reference's own result rounded to the type. The A_log and dt_bias gradients: cosine at
+// least 0.999 with the float64 reference on the inputs before rounding to 16 bits (what the
+// 16-bit activations cost a training step, end to end).
+constexpr double kLayerF32Tolerance = 1e-4;
+constexpr double kMinParameterCosine = 0.999;
+
+TEST_P(HalfActivations, LayerMatchesReferenceAndFloat32Path) {
+  const DType dtype = GetParam();
+  test::LayerSpec spec;
+  spec.lengths = {1, 2, 0, 300, 45};
+  spec.hk = 2;
+  spec.hv = 4;
+  spec.dk = 16;
+  spec.dv = 24;
+  spec.conv_state = true;
+  spec.recurrent_state = true;
+  const test::LayerProblem original = test::make_layer_problem(spec);
+  test::LayerProblem half = test::make_layer_problem(spec), wide = test::make_layer_problem(spec);
+  for (Tensor test::LayerProblem::*x : {&test::LayerProblem::qkv, &test::LayerProblem::a,
+                                        &test::LayerProblem::b, &test::LayerProblem::d_out}) {
+    half.*x = to_half(original.*x, dtype);
+    wide.*x = widen(half.*x);
+  }
+  const LayerOptions base = half.options();
+  const LayerRun ref{ref::fused_gdn_fwd(half.inputs(), base),
+                     ref::fused_gdn_bwd(layer_backward_inputs(half), base)};
+  const LayerRun exact{ref::fused_gdn_fwd(original.inputs(), base),
+                       ref::fused_gdn_bwd(layer_backward_inputs(original), base)};
+  for (CpuIsa isa : compiled_isas()) {
+    LayerOptions o = base;
+    o.isa = isa;
+    const std::string what = std::string(dtype_name(dtype)) + ", " + cpu_isa_name(isa);
+    const LayerRun got{fused_gdn_fwd(half.inputs(), o),
+                       fused_gdn_bwd(layer_backward_inputs(half), o)};
+    const LayerRun f32{fused_gdn_fwd(wide.inputs(), o),
+                       fused_gdn_bwd(layer_backward_inputs(wide), o)};
+    const auto g = layer_outputs(got), w = layer_outputs(f32), r = layer_outputs(ref);
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const auto& [name, x, activation] = g[i];
+      const Tensor& want = *std::get<1>(r[i]);
+      ASSERT_EQ(x->dtype(), activation ? dtype : DType::f32) << name;
+      const double tolerance =
+          kLayerF32Tolerance +
+          (activation ? 2 * test::compare(to_half(to_f32(want), dtype), want).normalized() : 0.0);
+      EXPECT_TRUE(test::within(*x, want, tolerance, std::string(name) + ", " + what));
+      const Tensor& same = *std::get<1>(w[i]);
+      if (activation) {
+        EXPECT_TRUE(test::bit_identical(*x, to_half(same, dtype),
+                                        std::string(name) + " vs float32 path, " + what));
+      } else {
+        EXPECT_TRUE(test::bit_identical(*x, same, std::string(name) + " vs float32 path, " + what));
+      }
+    }
+    EXPECT_GE(cosine(got.bwd.d_A_log, exact.bwd.d_A_log), kMinParameterCosine) << what;
+    EXPECT_GE(cosine(got.bwd.d_dt_bias, exact.bwd.d_dt_bias), kMinParameterCosine) << what;
+  }
+}
 
 // The conversions against independent arithmetic: every 16-bit pattern widens to a float that
 // rounds back to the same pattern (NaNs to a NaN); random floats and the halfway points between

@@ -586,11 +586,62 @@ TEST_F(Cli, HelpShowsExamples) {
        {"--help", "forward --help", "backward --help", "bench --help", "help forward",
         "help backward", "layer-forward --help", "layer-backward --help", "help layer-forward",
         "bench --op layer --help", "bench --op conv --help", "step --help", "help step",
-        "bench --op step --help"}) {
+        "bench --op step --help", "plan --help", "help plan"}) {
     const Result run = gdn_cli(args);
     EXPECT_EQ(run.code, 0) << args;
     EXPECT_NE(run.output.find("examples:"), std::string::npos) << args << ": " << run.output;
     EXPECT_NE(run.output.find("gdn "), std::string::npos) << args;
+  }
+}
+
+// `gdn plan` prints the machine and every choice with its reason; --time checks and times the
+// alternatives and says whether the chosen one is within 5 % of the best (WARN when not: the
+// machine may be busy, so either line passes here).
+TEST_F(Cli, PlanPrintsChoicesAndTimesAlternatives) {
+  const Result forward = gdn_cli("plan --hk 2 --hv 8 --dk 32 --dv 32 --seq 256 --threads 2");
+  ASSERT_EQ(forward.code, 0) << forward.output;
+  for (const char* text :
+       {"gdn plan: forward, Hk=2 Hv=8 Dk=32 Dv=32, 1 x 256 tokens, f32", "machine: ", "L1d ",
+        "isa ", "chunk size ", "heads per item ", "value heads per item: they share", "work items ",
+        "threads ", "workspace "}) {
+    EXPECT_NE(forward.output.find(text), std::string::npos) << text << " in " << forward.output;
+  }
+  const Result backward =
+      gdn_cli("plan --op backward --hk 2 --hv 4 --dk 32 --dv 32 --seq 300 --policy none");
+  ASSERT_EQ(backward.code, 0) << backward.output;
+  EXPECT_NE(backward.output.find("rebuild segment "), std::string::npos) << backward.output;
+  EXPECT_NE(backward.output.find("summed inside the item"), std::string::npos) << backward.output;
+  const Result decode = gdn_cli("plan --op decode --hk 2 --hv 4 --dk 16 --dv 64 --threads 2");
+  ASSERT_EQ(decode.code, 0) << decode.output;
+  // 4 heads for 2 threads: whole heads, no column blocks.
+  EXPECT_NE(decode.output.find("value blocks     1 "), std::string::npos) << decode.output;
+  EXPECT_NE(decode.output.find("whole heads"), std::string::npos) << decode.output;
+
+  for (const char* args :
+       {"plan --time --hk 2 --hv 4 --dk 32 --dv 32 --seq 200 --repeats 1 --rounds 1",
+        "plan --time --op backward --hk 1 --hv 2 --dk 16 --dv 16 --seq 100 --repeats 1",
+        "plan --time --op decode --hk 2 --hv 4 --dk 16 --dv 64 --repeats 1 --rounds 1"}) {
+    const Result timed = gdn_cli(args);
+    ASSERT_EQ(timed.code, 0) << args << ": " << timed.output;
+    for (const char* text : {"check: the library runs the plan printed above for this call: yes",
+                             "bit-identical results: yes", "<- chosen"}) {
+      EXPECT_NE(timed.output.find(text), std::string::npos) << text << " in " << timed.output;
+    }
+    EXPECT_TRUE(timed.output.find("within 5 % of the best tried: yes") != std::string::npos ||
+                timed.output.find("WARN: the chosen plan") != std::string::npos)
+        << timed.output;
+  }
+
+  for (const auto& [args, message] :
+       {std::pair<const char*, const char*>{"plan --opp forward", "unknown option '--opp'"},
+        {"plan --op sideways", "'--op'"},
+        {"plan --op decode --seqs 2", "'--seqs': not with --op decode"},
+        {"plan --hk 3 --hv 4", "multiple of --hk"},
+        {"plan --chunk-size 300", "'--chunk-size'"},
+        {"plan --policy none", "'--policy': only with --op backward"}}) {
+    const Result bad = gdn_cli(args);
+    EXPECT_EQ(bad.code, 2) << args << ": " << bad.output;
+    EXPECT_NE(bad.output.find(message), std::string::npos) << args << ": " << bad.output;
   }
 }
 
@@ -688,8 +739,9 @@ TEST_F(Cli, BenchStepJsonLines) {
   EXPECT_NE(bad.output.find("'--preset'"), std::string::npos) << bad.output;
 }
 
-// The suite on its tiny shape: a JSON line for every op at every token count and thread count,
-// the bf16 line, and a well-formed plot naming the ops.
+// The suite on its tiny shape: a JSON line for every op at every token count, thread count and
+// activation dtype (f32 and bf16 by default), the bf16 note, and a well-formed plot naming the
+// ops.
 TEST_F(Cli, BenchSuiteJsonLinesAndPlot) {
   const std::string svg_path = path("s.svg");
   const Result run =
@@ -702,9 +754,9 @@ TEST_F(Cli, BenchSuiteJsonLinesAndPlot) {
     ASSERT_NE(end, std::string::npos) << run.output;
     const std::string line = run.output.substr(at, end + 1 - at);
     for (const char* field :
-         {"\"impl\"", "\"dtype\": \"f32\"", "\"threads\"", "\"tokens\"", "\"median_ms\"",
-          "\"min_ms\"", "\"max_ms\"", "\"us_per_token_head\"", "\"gflops\"", "\"peak_gflops\"",
-          "\"pct_peak\"", "\"residual_bytes\"", "\"peak_rss_bytes\"", "\"check_error\""}) {
+         {"\"impl\"", "\"dtype\": \"", "\"threads\"", "\"tokens\"", "\"median_ms\"", "\"min_ms\"",
+          "\"max_ms\"", "\"us_per_token_head\"", "\"gflops\"", "\"peak_gflops\"", "\"pct_peak\"",
+          "\"residual_bytes\"", "\"peak_rss_bytes\"", "\"check_error\""}) {
       EXPECT_NE(line.find(field), std::string::npos) << field << " missing in " << line;
     }
     for (const char* bad : {"nan", "inf", ": ,", ": }", ",}"}) {
@@ -713,21 +765,23 @@ TEST_F(Cli, BenchSuiteJsonLinesAndPlot) {
     lines.push_back(line);
     at = end;
   }
-  // 2 thread counts x (2 token counts x 6 cases + 2 decode batches).
-  EXPECT_EQ(lines.size(), 28u) << run.output;
+  // 2 thread counts x (2 token counts x 2 dtypes x 6 cases + 2 decode batches).
+  EXPECT_EQ(lines.size(), 52u) << run.output;
   auto count = [&](const std::string& needle) {
     int n = 0;
     for (const std::string& line : lines) n += line.find(needle) != std::string::npos ? 1 : 0;
     return n;
   };
-  EXPECT_EQ(count("\"op\": \"forward\", \"impl\": \"chunked\""), 8);
-  EXPECT_EQ(count("\"op\": \"forward\", \"impl\": \"recurrent\""), 4);  // the baseline
-  for (const char* op : {"backward-all", "backward-t_inv", "backward-none", "decode"}) {
-    EXPECT_EQ(count(std::string("\"op\": \"") + op + "\""), 4) << op;
+  EXPECT_EQ(count("\"op\": \"forward\", \"impl\": \"chunked\""), 16);
+  EXPECT_EQ(count("\"op\": \"forward\", \"impl\": \"recurrent\""), 8);  // the baseline
+  for (const char* op : {"backward-all", "backward-t_inv", "backward-none"}) {
+    EXPECT_EQ(count(std::string("\"op\": \"") + op + "\""), 8) << op;
   }
-  EXPECT_EQ(count("\"threads\": 2,"), 14);
-  EXPECT_EQ(count("\"tokens\": 256,"), 12);
-  EXPECT_NE(run.output.find("bf16: not available in this build"), std::string::npos);
+  EXPECT_EQ(count("\"op\": \"decode\""), 4);
+  EXPECT_EQ(count("\"dtype\": \"bf16\""), 24);
+  EXPECT_EQ(count("\"threads\": 2,"), 26);
+  EXPECT_EQ(count("\"tokens\": 256,"), 24);
+  EXPECT_NE(run.output.find("bf16 and f16 rows: 16-bit activations"), std::string::npos);
   EXPECT_EQ(run.output.find("FAIL"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("plot written to " + svg_path), std::string::npos) << run.output;
 
@@ -742,8 +796,11 @@ TEST_F(Cli, BenchSuiteJsonLinesAndPlot) {
   EXPECT_EQ(svg.find("nan"), std::string::npos);
   EXPECT_EQ(gdn_cli("bench --suite --threads 0").code, 2);
   EXPECT_EQ(gdn_cli("bench --suite --seq 8q").code, 2);
+  const Result bad_dtype = gdn_cli("bench --suite --dtypes f32,int8");
+  EXPECT_EQ(bad_dtype.code, 2);
+  EXPECT_NE(bad_dtype.output.find("'--dtypes'"), std::string::npos) << bad_dtype.output;
   const Result help = gdn_cli("bench --suite --help");
-  EXPECT_NE(help.output.find("bf16: not available in this build"), std::string::npos);
+  EXPECT_NE(help.output.find("bf16 and f16 rows: 16-bit activations"), std::string::npos);
 }
 
 // Counts `needle` in `text`.

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/problem.h"
@@ -25,8 +26,9 @@ namespace gdn::cli {
 
 const char* const kBenchLayerHelp = R"HELP(usage: gdn bench --op layer [options]
 
-Times the fused layer op (conv1d + SiLU + gates + L2 norm + gated delta rule, float32) at the
-model shapes below, one sequence of each length: the forward (no residuals kept) and the
+Times the fused layer op (conv1d + SiLU + gates + L2 norm + gated delta rule; float32, or with
+--dtype bf16 / f16 16-bit activations qkv, a, b, out and their gradients, float32 parameters,
+states and arithmetic) at the model shapes below, one sequence of each length: the forward (no residuals kept) and the
 backward from the residuals a forward kept (chunk_states and T^-1, untimed forward; t_inv or
 none instead when the problem would not fit in the available memory, which the output says).
 For each: median latency with min and max, us per token*head, GFLOP/s from the cost model
@@ -47,6 +49,7 @@ options:
 examples:
   gdn bench --op layer
   gdn bench --op layer --model qwen3-next --seq 8k --threads 1
+  gdn bench --op layer --model qwen3-next --seq 8k --dtype bf16
   gdn bench --op layer --seq 64k --cases backward --json > layer.jsonl
 )HELP";
 
@@ -88,6 +91,9 @@ const std::vector<OptionSpec> kLayerOptions = {
     {"threads", "N", "worker threads, 0 = all cores (default 0)"},
     {"repeats", "R", "timed runs per case after one warm-up (default 3)"},
     {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"dtype", "T",
+     "activations (qkv, a, b, out and their gradients): f32, bf16 or f16; parameters and "
+     "states stay float32 (default f32)"},
     {"json", nullptr, "print one JSON object per case and nothing else on stdout"},
     {"help", nullptr, "show this help"},
 };
@@ -108,6 +114,26 @@ const std::vector<OptionSpec> kConvOptions = {
 
 // fp32 tolerance of the checks (docs/numerics.md).
 constexpr double kTolerance = 1e-4;
+
+// Element i of a float32, bf16 or f16 tensor.
+double value(const Tensor& t, std::int64_t i) {
+  const auto* half = static_cast<const std::uint16_t*>(t.raw());
+  if (t.dtype() == DType::bf16) return bf16_value(half[i]);
+  if (t.dtype() == DType::f16) return f16_value(half[i]);
+  return t.data<float>()[i];
+}
+
+// A float32 tensor rounded to `dtype` in place of itself (nothing for f32 or an absent one).
+void round_to(Tensor& t, DType dtype) {
+  if (dtype == DType::f32 || !t.present()) return;
+  Tensor r(dtype, t.rank(), t.sizes());
+  auto* out = static_cast<std::uint16_t*>(r.raw());
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const float x = t.data<float>()[i];
+    out[i] = dtype == DType::bf16 ? bf16_bits(x) : f16_bits(x);
+  }
+  t = std::move(r);
+}
 
 void fill_uniform(Tensor& t, Random& rng, double lo, double hi) {
   float* p = t.data<float>();
@@ -226,31 +252,54 @@ LayerData slice_of(const LayerData& d, std::int64_t tokens) {
 }
 
 double normalized_error(const Tensor& x, const Tensor& ref) {
-  return bench::error_stats(x.data<float>(), ref.data<double>(), x.numel()).normalized();
+  return bench::error_stats(
+             x.numel(), [&](std::int64_t i) { return value(x, i); },
+             [&](std::int64_t i) { return ref.data<double>()[i]; })
+      .normalized();
 }
 
-// The forward's and backward's worst normalised error on the slice, against the reference.
-double check_layer(const LayerData& s, bool backward, Residuals kept) {
+// The error of a float64 result rounded to the 16-bit `dtype`, against itself: what a 16-bit
+// output cannot avoid (0 for f32).
+double rounding_error(const Tensor& ref, DType dtype) {
+  if (dtype == DType::f32) return 0;
+  const double* r = ref.data<double>();
+  return bench::error_stats(
+             ref.numel(),
+             [&](std::int64_t i) {
+               const auto x = static_cast<float>(r[i]);
+               return dtype == DType::bf16 ? bf16_value(bf16_bits(x)) : f16_value(f16_bits(x));
+             },
+             [&](std::int64_t i) { return r[i]; })
+      .normalized();
+}
+
+// The forward's or backward's worst normalised error on the slice against the reference, and
+// the tolerance: 1e-4, plus for 16-bit activations twice the largest error of the
+// reference's own activation outputs rounded to that type (docs/numerics.md).
+std::pair<double, double> check_layer(const LayerData& s, bool backward, Residuals kept) {
+  const DType dtype = s.qkv.dtype();
   if (!backward) {
     const LayerForwardResult cpu = fused_gdn_fwd(s.inputs(), s.options);
     const LayerForwardResult ref = ref::fused_gdn_fwd(s.inputs(), s.options);
-    return std::max(normalized_error(cpu.out, ref.out),
-                    normalized_error(cpu.recurrent_state_out, ref.recurrent_state_out));
+    return {std::max(normalized_error(cpu.out, ref.out),
+                     normalized_error(cpu.recurrent_state_out, ref.recurrent_state_out)),
+            kTolerance + 2 * rounding_error(ref.out, dtype)};
   }
   const LayerForwardResult res = fused_gdn_fwd(s.inputs(), s.options, kept);
   const LayerBackwardInputs in{s.inputs(), s.d_out.view(),          {},
                                {},         res.chunk_states.view(), res.t_inv.view()};
   const LayerBackwardResult cpu = fused_gdn_bwd(in, s.options);
   const LayerBackwardResult ref = ref::fused_gdn_bwd(in, s.options);
-  double worst = 0;
+  double worst = 0, rounding = 0;
   for (const auto& [x, r] :
        {std::pair{&cpu.d_qkv, &ref.d_qkv}, std::pair{&cpu.d_a, &ref.d_a},
         std::pair{&cpu.d_b, &ref.d_b}, std::pair{&cpu.d_conv_weight, &ref.d_conv_weight},
         std::pair{&cpu.d_A_log, &ref.d_A_log}, std::pair{&cpu.d_dt_bias, &ref.d_dt_bias},
         std::pair{&cpu.d_recurrent_state, &ref.d_recurrent_state}}) {
     worst = std::max(worst, normalized_error(*x, *r));
+    if (x->dtype() == dtype) rounding = std::max(rounding, rounding_error(*r, dtype));
   }
-  return worst;
+  return {worst, kTolerance + 2 * rounding};
 }
 
 const char* residuals_name(Residuals r) {
@@ -273,16 +322,22 @@ Timing time_core(const LayerData& d, bool backward, Residuals kept, int repeats,
   for (std::int64_t h = 0; h < m.hv; ++h) {
     const double a_scale = std::exp(d.A_log.data<float>()[h]);
     for (std::int64_t i = 0; i < t; ++i) {
-      const double z = d.a.data<float>()[i * m.hv + h] + d.dt_bias.data<float>()[h];
+      const double z = value(d.a, i * m.hv + h) + d.dt_bias.data<float>()[h];
       g.data<float>()[i * m.hv + h] = static_cast<float>(-a_scale * std::log1p(std::exp(z)));
       beta.data<float>()[i * m.hv + h] =
-          static_cast<float>(1 / (1 + std::exp(-d.b.data<float>()[i * m.hv + h])));
+          static_cast<float>(1 / (1 + std::exp(-value(d.b, i * m.hv + h))));
     }
   }
-  const float* x = d.qkv.data<float>();
-  const ForwardInputs in{TensorView(x, {t, m.hk, m.dk}, {dd, m.dk, 1}),
-                         TensorView(x + qk, {t, m.hk, m.dk}, {dd, m.dk, 1}),
-                         TensorView(x + 2 * qk, {t, m.hv, m.dv}, {dd, m.dv, 1}),
+  // q, k, v: column views of qkv in its dtype (16-bit activations run the core in 16 bits).
+  const DType dtype = d.qkv.dtype();
+  const auto* x = static_cast<const char*>(d.qkv.raw());
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  auto columns = [&](std::int64_t first, std::int64_t heads, std::int64_t dim) {
+    return TensorView(x + first * elem, dtype, 3, Dims{t, heads, dim, 0}, Dims{dd, dim, 1, 0});
+  };
+  const ForwardInputs in{columns(0, m.hk, m.dk),
+                         columns(qk, m.hk, m.dk),
+                         columns(2 * qk, m.hv, m.dv),
                          g.view(),
                          beta.view(),
                          {},
@@ -292,7 +347,7 @@ Timing time_core(const LayerData& d, bool backward, Residuals kept, int repeats,
   options.threads = d.options.threads;
   options.isa = d.options.isa;
   if (!backward) {
-    Tensor o(DType::f32, {t, m.hv, m.dv}), state(DType::f32, {1, m.hv, m.dk, m.dv});
+    Tensor o(dtype, {t, m.hv, m.dv}), state(DType::f32, {1, m.hv, m.dk, m.dv});
     auto run = [&] {
       chunk_gated_delta_rule_fwd(in, {o.mutable_view(), state.mutable_view(), {}, {}}, options);
     };
@@ -301,17 +356,18 @@ Timing time_core(const LayerData& d, bool backward, Residuals kept, int repeats,
   }
   const ForwardResult res = chunk_gated_delta_rule_fwd(in, options, kept);
   BackwardInputs bin = BackwardInputs::from(in);
-  bin.d_o = TensorView(d.d_out.data<float>(), {t, m.hv, m.dv});
+  bin.d_o = TensorView(d.d_out.raw(), dtype, {t, m.hv, m.dv});
   bin.chunk_states = res.chunk_states.view();
   bin.t_inv = res.t_inv.view();
-  Tensor dxh(DType::f32, {t, dd}), dg(DType::f32, {t, m.hv}), dbeta(DType::f32, {t, m.hv});
-  float* dx = dxh.data<float>();
-  const BackwardOutputs out{MutableTensorView(dx, {t, m.hk, m.dk}, {dd, m.dk, 1}),
-                            MutableTensorView(dx + qk, {t, m.hk, m.dk}, {dd, m.dk, 1}),
-                            MutableTensorView(dx + 2 * qk, {t, m.hv, m.dv}, {dd, m.dv, 1}),
-                            dg.mutable_view(),
-                            dbeta.mutable_view(),
-                            {}};
+  Tensor dxh(dtype, {t, dd}), dg(DType::f32, {t, m.hv}), dbeta(DType::f32, {t, m.hv});
+  auto* dx = static_cast<char*>(dxh.raw());
+  auto dcolumns = [&](std::int64_t first, std::int64_t heads, std::int64_t dim) {
+    return MutableTensorView(dx + first * elem, dtype, 3, Dims{t, heads, dim, 0},
+                             Dims{dd, dim, 1, 0});
+  };
+  const BackwardOutputs out{dcolumns(0, m.hk, m.dk),      dcolumns(qk, m.hk, m.dk),
+                            dcolumns(2 * qk, m.hv, m.dv), dg.mutable_view(),
+                            dbeta.mutable_view(),         {}};
   auto run = [&] { chunk_gated_delta_rule_bwd(bin, out, options); };
   run();  // warm-up
   return time_runs(run, repeats, label);
@@ -342,9 +398,14 @@ int bench_layer_command(int argc, char** argv) {
   const bool json = args.flag("json");
   const CpuIsa isa = resolve_cpu_isa(isa_option(args));
   if (threads == 0) threads = default_threads();
+  const std::string dtype_arg = args.choice("dtype", "f32", {"f32", "bf16", "f16"});
+  const DType dtype = dtype_arg == "bf16"  ? DType::bf16
+                      : dtype_arg == "f16" ? DType::f16
+                                           : DType::f32;
 
   std::FILE* info = json ? stderr : stdout;
-  std::fprintf(info, "gdn bench --op layer: fused layer op, f32, conv K = %lld, chunk 64\n",
+  std::fprintf(info, "gdn bench --op layer: fused layer op, %s, conv K = %lld, chunk 64\n",
+               dtype == DType::f32 ? "f32" : (dtype_arg + " activations, float32 state").c_str(),
                static_cast<long long>(kTaps));
   std::fprintf(info, "machine: %s; ISA %s; %d thread%s\n", cpu_model_name().c_str(),
                cpu_isa_name(isa), threads, threads == 1 ? "" : "s");
@@ -360,8 +421,11 @@ int bench_layer_command(int argc, char** argv) {
     for (const std::int64_t tokens : lengths) {
       const bool backward = which != "forward";
       progress("  %s, %lld tokens: generating inputs...", m.name, static_cast<long long>(tokens));
-      const LayerData d = make_layer(m, tokens, backward, threads, isa, 20261202);
-      const LayerData slice = slice_of(d, std::min<std::int64_t>(tokens, 3 * 64 + 5));
+      LayerData d = make_layer(m, tokens, backward, threads, isa, 20261202);
+      LayerData slice = slice_of(d, std::min<std::int64_t>(tokens, 3 * 64 + 5));
+      for (LayerData* x : {&d, &slice}) {
+        for (Tensor* t : {&x->qkv, &x->a, &x->b, &x->d_out}) round_to(*t, dtype);
+      }
       const std::int64_t tc = d.tokens * d.channels;
       const double conv_fwd = 2.0 * kTaps * static_cast<double>(tc);
       const double core_fwd = bench::over_chunks(tokens, 1, m.hv, 64, [&](double n) {
@@ -402,15 +466,15 @@ int bench_layer_command(int argc, char** argv) {
         const std::string label = std::string(m.name) + " " + std::to_string(tokens) + " " +
                                   (bwd ? "backward" : "forward");
         progress("  %s: float64 reference on the check slice...", label.c_str());
-        const double error = check_layer(slice, bwd, kept);
+        const auto [error, tolerance] = check_layer(slice, bwd, kept);
         progress("%s", "");
         std::fprintf(info,
                      "check: %s vs float64 reference (%lld tokens x %lld heads): error %.2e "
-                     "(tolerance %.0e) %s\n",
+                     "(tolerance %.1e) %s\n",
                      label.c_str(), static_cast<long long>(slice.tokens),
-                     static_cast<long long>(slice.model.hv), error, kTolerance,
-                     error <= kTolerance ? "PASS" : "FAIL");
-        if (!(error <= kTolerance)) {
+                     static_cast<long long>(slice.model.hv), error, tolerance,
+                     error <= tolerance ? "PASS" : "FAIL");
+        if (!(error <= tolerance)) {
           std::fprintf(stderr,
                        "gdn bench: the layer %s does not match the float64 reference; not timing "
                        "it\n",
@@ -423,7 +487,7 @@ int bench_layer_command(int argc, char** argv) {
         Timing t;
         std::int64_t residual_bytes = 0;
         if (!bwd) {
-          Tensor out(DType::f32, {tokens, m.hv * m.dv}), state(DType::f32, {1, m.hv, m.dk, m.dv});
+          Tensor out(dtype, {tokens, m.hv * m.dv}), state(DType::f32, {1, m.hv, m.dk, m.dv});
           const LayerOutputs outputs{out.mutable_view(), {}, state.mutable_view(), {}, {}};
           auto run = [&] { fused_gdn_fwd(d.inputs(), outputs, d.options); };
           run();  // warm-up
@@ -435,8 +499,8 @@ int bench_layer_command(int argc, char** argv) {
           residual_bytes = static_cast<std::int64_t>(res.chunk_states.bytes() + res.t_inv.bytes());
           const LayerBackwardInputs in{d.inputs(), d.d_out.view(),          {},
                                        {},         res.chunk_states.view(), res.t_inv.view()};
-          Tensor d_qkv(DType::f32, {tokens, d.channels}), d_a(DType::f32, {tokens, m.hv}),
-              d_b(DType::f32, {tokens, m.hv}), d_w(DType::f32, {d.channels, kTaps}),
+          Tensor d_qkv(dtype, {tokens, d.channels}), d_a(dtype, {tokens, m.hv}),
+              d_b(dtype, {tokens, m.hv}), d_w(DType::f32, {d.channels, kTaps}),
               d_a_log(DType::f32, {m.hv}), d_dt(DType::f32, {m.hv});
           const LayerBackwardOutputs outputs{d_qkv.mutable_view(),
                                              d_a.mutable_view(),
@@ -462,7 +526,7 @@ int bench_layer_command(int argc, char** argv) {
                                    : std::string("layer-forward");
         if (json) {
           std::printf(
-              "{\"op\": \"%s\", \"model\": \"%s\", \"residuals\": \"%s\", \"dtype\": \"f32\", "
+              "{\"op\": \"%s\", \"model\": \"%s\", \"residuals\": \"%s\", \"dtype\": \"%s\", "
               "\"isa\": \"%s\", \"threads\": %d, \"tokens\": %lld, \"seqs\": 1, \"hk\": %lld, "
               "\"hv\": %lld, \"dk\": %lld, \"dv\": %lld, \"channels\": %lld, \"taps\": %lld, "
               "\"chunk_size\": 64, \"repeats\": %d, \"median_ms\": %.4f, \"min_ms\": %.4f, "
@@ -470,14 +534,14 @@ int bench_layer_command(int argc, char** argv) {
               "\"peak_gflops\": %.2f, \"pct_peak\": %.2f, \"residual_bytes\": %lld, "
               "\"peak_rss_bytes\": %lld, \"core_median_ms\": %.4f, \"vs_core\": %.3f, "
               "\"check_error\": %.3e}\n",
-              op.c_str(), m.name, bwd ? residuals_name(kept) : "none", cpu_isa_name(isa), threads,
-              static_cast<long long>(tokens), static_cast<long long>(m.hk),
-              static_cast<long long>(m.hv), static_cast<long long>(m.dk),
-              static_cast<long long>(m.dv), static_cast<long long>(d.channels),
-              static_cast<long long>(kTaps), repeats, t.median_ms, t.min_ms, t.max_ms, us_per,
-              gflops, peak, 100 * gflops / peak, static_cast<long long>(residual_bytes),
-              static_cast<long long>(t.peak_rss), core.median_ms, t.median_ms / core.median_ms,
-              error);
+              op.c_str(), m.name, bwd ? residuals_name(kept) : "none", dtype_name(dtype),
+              cpu_isa_name(isa), threads, static_cast<long long>(tokens),
+              static_cast<long long>(m.hk), static_cast<long long>(m.hv),
+              static_cast<long long>(m.dk), static_cast<long long>(m.dv),
+              static_cast<long long>(d.channels), static_cast<long long>(kTaps), repeats,
+              t.median_ms, t.min_ms, t.max_ms, us_per, gflops, peak, 100 * gflops / peak,
+              static_cast<long long>(residual_bytes), static_cast<long long>(t.peak_rss),
+              core.median_ms, t.median_ms / core.median_ms, error);
           std::fflush(stdout);
         } else {
           char range[64], row[320];

@@ -24,12 +24,15 @@ namespace gdn::cli {
 
 namespace {
 
-const char* const kBf16Note = "bf16: not available in this build (issue: hybrid precision)";
+const char* const kBf16Note =
+    "bf16 and f16 rows: 16-bit activations (q, k, v, o, d_o, dq, dk, dv) with float32 gates, "
+    "states, residuals and arithmetic (matrix products in fp32: this build has no bf16 "
+    "dot-product path), so their % of peak is of the fp32 FMA peak";
 
 const char* const kSuiteHelp = R"HELP(usage: gdn bench --suite [options]
 
-The benchmark suite, float32, in one process: at each token count and thread count, the
-cases of `gdn bench` (the chunked forward without and with residuals, the token-recurrence
+The benchmark suite in one process: at each token count, thread count and activation dtype
+(--dtypes), the cases of `gdn bench` (the chunked forward without and with residuals, the token-recurrence
 baseline, the chunked backward under each remat policy: all, t_inv, none), each checked
 against the float64 reference first; and a decode-only serving step (gdn::fused_gdn_step,
 one token per sequence, states in slots, as `gdn bench --op step`) at each batch. The shape is
@@ -64,6 +67,9 @@ const std::vector<OptionSpec> kSuiteOptions = {
     {"repeats", "R",
      "timed runs per case after one warm-up (default 3; the decode step: max(R, 20))"},
     {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"dtypes", "LIST",
+     "activation dtypes of the forward and backward cases, comma separated: f32, bf16, f16 "
+     "(default f32,bf16; the decode step is f32)"},
     {"json", nullptr, "print one JSON object per case and nothing else on stdout"},
     {"out", "FILE.svg", "where to write the plot (default gdn_suite.svg)"},
     {"quick", nullptr,
@@ -85,6 +91,7 @@ std::vector<std::string> split(const std::string& list) {
 // One row of the suite (a core case or a decode step).
 struct Row {
   std::string op, impl, residuals;  // op as in the JSON lines
+  std::string dtype = "f32";        // of the activations
   int threads = 0;
   std::int64_t tokens = 0;
   Timing timing;
@@ -94,9 +101,10 @@ struct Row {
 
 // The row's name in the table and the plot.
 std::string label_of(const Row& r) {
-  if (r.impl == "recurrent") return "baseline (recurrent)";
-  if (r.op == "forward" && r.residuals == "all") return "forward +residuals";
-  return r.op;
+  const std::string suffix = r.dtype == "f32" ? "" : " " + r.dtype;
+  if (r.impl == "recurrent") return "baseline (recurrent)" + suffix;
+  if (r.op == "forward" && r.residuals == "all") return "forward +residuals" + suffix;
+  return r.op + suffix;
 }
 
 std::string threads_text(int n) { return std::to_string(n) + (n == 1 ? " thread" : " threads"); }
@@ -149,29 +157,43 @@ int bench_suite_command(int argc, char** argv) {
       thread_counts.push_back(n);
     }
   }
+  std::vector<DType> dtypes;
+  for (const std::string& s : split(args.text("dtypes", "f32,bf16"))) {
+    const DType d = s == "f32"    ? DType::f32
+                    : s == "bf16" ? DType::bf16
+                    : s == "f16"  ? DType::f16
+                                  : DType::i64;
+    if (d == DType::i64) {
+      throw UsageError("option '--dtypes': expected f32, bf16 or f16, given '" + s + "'");
+    }
+    if (std::find(dtypes.begin(), dtypes.end(), d) == dtypes.end()) dtypes.push_back(d);
+  }
   const std::int64_t hk = quick ? 2 : 16, hv = quick ? 4 : 32, dk = quick ? 32 : 128,
                      dv = quick ? 32 : 128;
   const int chunk = 64;
 
   std::FILE* info = json ? stderr : stdout;
-  std::string seq_list, batch_list, thread_list;
+  std::string seq_list, batch_list, thread_list, dtype_list;
+  for (DType d : dtypes)
+    dtype_list += (dtype_list.empty() ? "" : ", ") + std::string(dtype_name(d));
   for (std::int64_t t : seqs) seq_list += (seq_list.empty() ? "" : ", ") + tokens_text(t);
   for (std::int64_t b : batches) batch_list += (batch_list.empty() ? "" : ", ") + std::to_string(b);
   for (int n : thread_counts) thread_list += (thread_list.empty() ? "" : ", ") + std::to_string(n);
   std::fprintf(info,
-               "gdn bench --suite: Hk=%lld Hv=%lld Dk=%lld Dv=%lld, f32, chunk %d, l2norm; tokens "
-               "%s; decode batches %s; threads %s; %d repeats\n",
+               "gdn bench --suite: Hk=%lld Hv=%lld Dk=%lld Dv=%lld, activations %s, chunk %d, "
+               "l2norm; tokens %s; decode batches %s; threads %s; %d repeats\n",
                static_cast<long long>(hk), static_cast<long long>(hv), static_cast<long long>(dk),
-               static_cast<long long>(dv), chunk, seq_list.c_str(), batch_list.c_str(),
-               thread_list.c_str(), repeats);
+               static_cast<long long>(dv), dtype_list.c_str(), chunk, seq_list.c_str(),
+               batch_list.c_str(), thread_list.c_str(), repeats);
   const std::string machine = cpu_model_name();
   std::fprintf(info, "machine: %s; ISA %s\n", machine.c_str(), cpu_isa_name(isa));
-  std::fprintf(info, "%s\n", kBf16Note);
+  if (dtypes.size() > 1 || dtypes[0] != DType::f32) std::fprintf(info, "%s\n", kBf16Note);
   std::fflush(info);
 
   std::vector<Row> rows;
   std::vector<std::pair<int, double>> peaks;
-  const int steps = static_cast<int>(thread_counts.size() * (seqs.size() + batches.size()));
+  const int steps =
+      static_cast<int>(thread_counts.size() * (seqs.size() * dtypes.size() + batches.size()));
   int step = 0;
   for (const int threads : thread_counts) {
     std::fprintf(stderr, "gdn bench --suite: measuring the fp32 FMA peak (%s)...\n",
@@ -182,42 +204,46 @@ int bench_suite_command(int argc, char** argv) {
                  threads_text(threads).c_str(), peak);
     std::fflush(info);
     for (const std::int64_t tokens : seqs) {
-      // Estimate: the cases' cost-model FLOPs at half the peak, each run repeats + 1 times
-      // (+1 for the untimed forward of the backward cases).
-      const double fwd = bench::over_chunks(tokens, 1, hv, chunk, [&](double n) {
-        return bench::chunked_forward_flops_per_chunk(n, dk, dv);
-      });
-      const double bwd = bench::over_chunks(tokens, 1, hv, chunk, [&](double n) {
-        return bench::chunked_backward_flops_per_chunk(n, dk, dv) +
-               bench::rebuild_flops_per_chunk(n, dk, dv, false) * 2 / 3;
-      });
-      const double estimate =
-          ((repeats + 1) * (3 * fwd + 3 * bwd) + 3 * fwd) / (0.5 * peak * 1e9) + 1;
-      std::fprintf(stderr,
-                   "gdn bench --suite: [%d/%d] %s tokens, %s: forward x2, baseline, backward x3 "
-                   "(estimate %.0f s)\n",
-                   ++step, steps, tokens_text(tokens).c_str(), threads_text(threads).c_str(),
-                   estimate);
-      CoreBenchConfig config;
-      config.tokens = tokens;
-      config.hk = hk;
-      config.hv = hv;
-      config.dk = dk;
-      config.dv = dv;
-      config.chunk = chunk;
-      config.repeats = repeats;
-      config.threads = threads;
-      config.isa = isa;
-      config.json = json;
-      config.table = false;
-      config.info = stderr;
-      config.peak_gflops = peak;
-      std::vector<CoreCaseResult> results;
-      if (run_core_bench(config, &results) != 0) return 1;
-      for (const CoreCaseResult& c : results) {
-        rows.push_back({c.op == "backward" ? "backward-" + c.residuals : c.op, c.impl, c.residuals,
-                        threads, tokens, c.timing, c.us_per_token_head, c.gflops,
-                        100 * c.gflops / peak, c.residual_bytes});
+      for (const DType dtype : dtypes) {
+        // Estimate: the cases' cost-model FLOPs at half the peak, each run repeats + 1 times
+        // (+1 for the untimed forward of the backward cases).
+        const double fwd = bench::over_chunks(tokens, 1, hv, chunk, [&](double n) {
+          return bench::chunked_forward_flops_per_chunk(n, dk, dv);
+        });
+        const double bwd = bench::over_chunks(tokens, 1, hv, chunk, [&](double n) {
+          return bench::chunked_backward_flops_per_chunk(n, dk, dv) +
+                 bench::rebuild_flops_per_chunk(n, dk, dv, false) * 2 / 3;
+        });
+        const double estimate =
+            ((repeats + 1) * (3 * fwd + 3 * bwd) + 3 * fwd) / (0.5 * peak * 1e9) + 1;
+        std::fprintf(
+            stderr,
+            "gdn bench --suite: [%d/%d] %s tokens, %s, %s: forward x2, baseline, backward x3 "
+            "(estimate %.0f s)\n",
+            ++step, steps, tokens_text(tokens).c_str(), threads_text(threads).c_str(),
+            dtype_name(dtype), estimate);
+        CoreBenchConfig config;
+        config.tokens = tokens;
+        config.hk = hk;
+        config.hv = hv;
+        config.dk = dk;
+        config.dv = dv;
+        config.chunk = chunk;
+        config.repeats = repeats;
+        config.threads = threads;
+        config.isa = isa;
+        config.dtype = dtype;
+        config.json = json;
+        config.table = false;
+        config.info = stderr;
+        config.peak_gflops = peak;
+        std::vector<CoreCaseResult> results;
+        if (run_core_bench(config, &results) != 0) return 1;
+        for (const CoreCaseResult& c : results) {
+          rows.push_back({c.op == "backward" ? "backward-" + c.residuals : c.op, c.impl,
+                          c.residuals, dtype_name(dtype), threads, tokens, c.timing,
+                          c.us_per_token_head, c.gflops, 100 * c.gflops / peak, c.residual_bytes});
+        }
       }
     }
     for (const std::int64_t batch : batches) {
@@ -239,8 +265,8 @@ int bench_suite_command(int argc, char** argv) {
       const double us_per = t.median_ms * 1e3 / static_cast<double>(batch * hv);
       const double gflops =
           bench::recurrent_forward_flops(batch, hv, dk, dv) / (t.median_ms * 1e-3) * 1e-9;
-      rows.push_back(
-          {"decode", "step", "none", threads, batch, t, us_per, gflops, 100 * gflops / peak, 0});
+      rows.push_back({"decode", "step", "none", "f32", threads, batch, t, us_per, gflops,
+                      100 * gflops / peak, 0});
       if (json) {
         std::printf(
             "{\"op\": \"decode\", \"impl\": \"step\", \"residuals\": \"none\", \"dtype\": "
@@ -262,13 +288,13 @@ int bench_suite_command(int argc, char** argv) {
   }
 
   if (!json) {
-    std::printf("\n%-21s %-8s %7s %11s %21s %12s %9s %7s %13s %13s\n", "op", "threads", "tokens",
+    std::printf("\n%-26s %-8s %7s %11s %21s %12s %9s %7s %13s %13s\n", "op", "threads", "tokens",
                 "median ms", "(min - max)", "us/tok*head", "GFLOP/s", "% peak", "residual MiB",
                 "peak RSS MiB");
     for (const Row& r : rows) {
       char range[64];
       std::snprintf(range, sizeof range, "(%.2f - %.2f)", r.timing.min_ms, r.timing.max_ms);
-      std::printf("%-21s %-8d %7s %11.3f %21s %12.3f %9.1f %6.1f%% %13.1f %13.1f\n",
+      std::printf("%-26s %-8d %7s %11.3f %21s %12.3f %9.1f %6.1f%% %13.1f %13.1f\n",
                   label_of(r).c_str(), r.threads, tokens_text(r.tokens).c_str(), r.timing.median_ms,
                   range, r.us_per, r.gflops, r.pct,
                   static_cast<double>(r.residual_bytes) / (1 << 20),
@@ -314,7 +340,8 @@ int bench_suite_command(int argc, char** argv) {
   svg::Panel memory{svg::Panel::Kind::bars, "memory by policy" + at, "remat policy", "MiB", {}, {}};
   svg::Series rss{"peak RSS MiB", {}, {}, 0, false}, resid{"residual MiB", {}, {}, 1, false};
   for (const Row& r : rows) {
-    if (r.tokens == big && r.threads == last && r.op.rfind("backward-", 0) == 0) {
+    if (r.tokens == big && r.threads == last && r.dtype == "f32" &&
+        r.op.rfind("backward-", 0) == 0) {
       memory.categories.push_back(r.residuals);
       rss.y.push_back(static_cast<double>(r.timing.peak_rss) / (1 << 20));
       resid.y.push_back(static_cast<double>(r.residual_bytes) / (1 << 20));
@@ -332,6 +359,8 @@ int bench_suite_command(int argc, char** argv) {
     std::string name = l == "baseline (recurrent)" ? "baseline"
                        : l == "forward +residuals" ? "fwd+res"
                                                    : l;
+    if (name.rfind("baseline (recurrent)", 0) == 0) name = "baseline" + name.substr(20);
+    if (name.rfind("forward +residuals", 0) == 0) name = "fwd+res" + name.substr(18);
     if (name.rfind("backward-", 0) == 0) name = "bwd-" + name.substr(9);
     percent.categories.push_back(name);
   }
@@ -349,7 +378,7 @@ int bench_suite_command(int argc, char** argv) {
     }
     percent.series.push_back(s);
   }
-  std::string title = "gdn bench --suite, f32, Hk=" + std::to_string(hk) +
+  std::string title = "gdn bench --suite, " + dtype_list + ", Hk=" + std::to_string(hk) +
                       " Hv=" + std::to_string(hv) + " Dk=" + std::to_string(dk) +
                       " Dv=" + std::to_string(dv) + " | " + machine + ", ISA " + cpu_isa_name(isa) +
                       " | peak";

@@ -13,6 +13,7 @@ int bench_conv_command(int argc, char** argv);   // gdn bench --op conv
 int bench_step_command(int argc, char** argv);   // gdn bench --op step
 int bench_suite_command(int argc, char** argv);  // gdn bench --suite
 int layer_forward_command(int argc, char** argv);
+int plan_command(int argc, char** argv);
 int layer_backward_command(int argc, char** argv);
 int step_command(int argc, char** argv);
 

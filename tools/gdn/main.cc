@@ -23,6 +23,8 @@ commands:
   layer-backward  the fused layer op's backward: every gradient a training step needs
   step            one serving step of the layer op over pools of state slots (decodes,
                   prefills, speculative windows) on .npy tensors
+  plan            print the tiling plan a call makes on this machine (chunk size, work items,
+                  threads, decode split) and why; --time times it against the alternatives
   bench           time the passes (default: the gated delta rule of one Qwen3-Next layer,
                   8192 tokens; --op layer: the whole layer op; --op conv: the conv1d + SiLU;
                   --op step: serving steps over state-slot pools)
@@ -41,6 +43,8 @@ examples:
   gdn bench --op layer --json
   gdn step --in dump/ --out dump/ --hk 16 --hv 32 --dk 128 --dv 128
   gdn bench --op step --preset decode-64
+  gdn plan --op backward --seq 64k --policy none
+  gdn plan --threads 1 --time
 )HELP";
 
 using Command = int (*)(int argc, char** argv);
@@ -51,6 +55,7 @@ const std::pair<const char*, Command> kCommands[] = {
     {"layer-backward", gdn::cli::layer_backward_command},
     {"step", gdn::cli::step_command},
     {"bench", gdn::cli::bench_command},
+    {"plan", gdn::cli::plan_command},
 };
 
 int print_version() {
@@ -89,7 +94,7 @@ int main(int argc, char** argv) {
     if (command == "version" || command == "--version") return print_version();
     std::fprintf(stderr,
                  "gdn: unknown command '%s' (expected forward, backward, layer-forward, "
-                 "layer-backward, step, bench, version or help)\n",
+                 "layer-backward, step, bench, plan, version or help)\n",
                  command.c_str());
     return 2;
   } catch (const gdn::cli::UsageError& e) {
