@@ -27,8 +27,9 @@ inline constexpr int kMaxConvTaps = 8;
 // The head layout, which the channel count alone does not determine.
 struct LayerOptions {
   std::int64_t hk = 0, hv = 0, dk = 0, dv = 0;  // required; Hv a multiple of Hk
-  int chunk_size = 64;                          // of the gated delta rule (1 to 256)
-  int threads = 0;                              // 0 = default_threads()
+  // Of the gated delta rule: 1 to 256, or 0 for the tiling plan's (gdn/plan.h).
+  int chunk_size = 64;
+  int threads = 0;  // 0 = default_threads()
   CpuIsa isa = CpuIsa::automatic;
 };
 

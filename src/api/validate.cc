@@ -723,8 +723,9 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
   }
   if (options.dk > kMaxHeadDim) fail("options.dk", "<= 256", std::to_string(options.dk));
   if (options.dv > kMaxHeadDim) fail("options.dv", "<= 256", std::to_string(options.dv));
-  if (options.chunk_size < 1 || options.chunk_size > kMaxChunkSize) {
-    fail("options.chunk_size", "an integer in [1, 256]", std::to_string(options.chunk_size));
+  if (options.chunk_size < 0 || options.chunk_size > kMaxChunkSize) {
+    fail("options.chunk_size", "0 (the tiling plan chooses) or an integer in [1, 256]",
+         std::to_string(options.chunk_size));
   }
   if (options.threads < 0 || options.threads > kMaxThreads) {
     fail("options.threads", "0 (all cores) to " + std::to_string(kMaxThreads),
@@ -797,27 +798,29 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
     check_extent(name, *view);
     expect_dtype(name, *view, r.compute_dtype, compute);
   }
-  if (in.cu_seqlens.present()) {
-    packed_sequences(in.cu_seqlens, r.tokens, options.chunk_size, "tokens of qkv", &r.sequences);
-  } else {
-    r.sequences.push_back({0, 0, r.tokens, 0});
-  }
-  const std::int64_t n = static_cast<std::int64_t>(r.sequences.size());
-  const std::int64_t chunk = options.chunk_size;
   ForwardShape& core = r.core;
   core = ForwardShape{};
-  core.tokens = r.tokens;
-  core.num_seqs = n;
   core.hk = hk;
   core.hv = hv;
   core.dk = dk;
   core.dv = dv;
-  core.chunk_size = chunk;
-  core.total_chunks =
-      r.sequences.back().first_chunk + (r.sequences.back().length + chunk - 1) / chunk;
   // The gated delta rule runs on the conv's output, which has the compute dtype.
   core.dtype = r.compute_dtype;
   core.compute_dtype = r.compute_dtype;
+  // 0: the tiling plan's chunk size, as the gated delta rule inside resolves it.
+  const std::int64_t chunk =
+      options.chunk_size > 0 ? options.chunk_size : cpu::planned_chunk_size(core, options.isa);
+  if (in.cu_seqlens.present()) {
+    packed_sequences(in.cu_seqlens, r.tokens, chunk, "tokens of qkv", &r.sequences);
+  } else {
+    r.sequences.push_back({0, 0, r.tokens, 0});
+  }
+  const std::int64_t n = static_cast<std::int64_t>(r.sequences.size());
+  core.tokens = r.tokens;
+  core.num_seqs = n;
+  core.chunk_size = chunk;
+  core.total_chunks =
+      r.sequences.back().first_chunk + (r.sequences.back().length + chunk - 1) / chunk;
   if (in.conv_state.present()) {
     expect_shape("conv_state", in.conv_state, 3, {n, r.taps - 1, d, 0}, "[N, K - 1, D]");
     check_extent("conv_state", in.conv_state);

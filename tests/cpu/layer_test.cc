@@ -347,5 +347,57 @@ TEST(CpuLayer, ValidationErrors) {
   EXPECT_EQ(out.out.size(1), spec.hv * spec.dv);
 }
 
+// options.chunk_size = 0: the layer lays its residuals out by the tiling plan's chunk size and
+// computes exactly what that chunk size given explicitly computes, forward and backward.
+TEST(CpuLayer, ChunkSizeZeroRunsThePlannedChunk) {
+  test::LayerSpec spec;
+  spec.lengths = {70, 3, 129};
+  spec.hk = 2;
+  spec.hv = 4;
+  spec.dk = 16;
+  spec.dv = 16;
+  spec.conv_state = true;
+  spec.recurrent_state = true;
+  const test::LayerProblem p = test::make_layer_problem(spec);
+  LayerOptions o = p.options();
+  o.chunk_size = 0;
+  PlanProblem plan;
+  plan.hk = spec.hk;
+  plan.hv = spec.hv;
+  plan.dk = spec.dk;
+  plan.dv = spec.dv;
+  plan.tokens = 129;
+  plan.num_seqs = 3;
+  ForwardOptions planned;
+  planned.chunk_size = 0;
+  const int chunk = make_plan(plan, planned).chunk_size;
+  ASSERT_GT(chunk, 0);
+  const LayerForwardResult automatic = fused_gdn_fwd(p.inputs(), o, Residuals::all);
+  LayerOptions fixed = p.options();
+  fixed.chunk_size = chunk;
+  const LayerForwardResult given = fused_gdn_fwd(p.inputs(), fixed, Residuals::all);
+  EXPECT_EQ(automatic.t_inv.size(2), chunk);
+  EXPECT_TRUE(test::bit_identical(automatic.out, given.out, "out"));
+  EXPECT_TRUE(test::bit_identical(automatic.t_inv, given.t_inv, "t_inv"));
+  LayerBackwardInputs bin = backward_inputs(p);
+  bin.chunk_states = automatic.chunk_states.view();
+  bin.t_inv = automatic.t_inv.view();
+  const LayerBackwardResult b0 = fused_gdn_bwd(bin, o);
+  const LayerBackwardResult b1 = fused_gdn_bwd(bin, fixed);
+  EXPECT_TRUE(test::bit_identical(b0.d_qkv, b1.d_qkv, "d_qkv"));
+  EXPECT_TRUE(test::bit_identical(b0.d_A_log, b1.d_A_log, "d_A_log"));
+  // A t_inv laid out by another chunk size is a clear error.
+  fixed.chunk_size = chunk == 64 ? 32 : 64;
+  const LayerForwardResult other = fused_gdn_fwd(p.inputs(), fixed, Residuals::all);
+  bin.chunk_states = {};
+  bin.t_inv = other.t_inv.view();
+  try {
+    fused_gdn_bwd(bin, o);
+    ADD_FAILURE() << "a t_inv of chunk " << fixed.chunk_size << " was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.argument(), "t_inv") << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace gdn

@@ -49,6 +49,7 @@ options:
 examples:
   gdn bench
   gdn bench --threads 1
+  gdn bench --threads 1 --chunk-size 64
   gdn bench --dtype bf16 --threads 1
   gdn bench --seq 64k --repeats 3
   gdn bench --cases backward --json > backward.jsonl
@@ -73,7 +74,9 @@ const std::vector<OptionSpec> kOptions = {
     {"hv", "HV", "value heads, a multiple of HK (default 32)"},
     {"dk", "DK", "key head dim, 1 to 256 (default 128)"},
     {"dv", "DV", "value head dim, 1 to 256 (default 128)"},
-    {"chunk-size", "C", "tokens per chunk, 1 to 256 (default 64)"},
+    {"chunk-size", "C",
+     "tokens per chunk, 1 to 256, or 0: the tiling plan's choice for this machine (default 0; "
+     "`gdn plan` says which and why)"},
     {"threads", "N", "worker threads, 0 = all cores (default 0)"},
     {"repeats", "R", "timed runs per case after one warm-up (default 5)"},
     {"cases", "LIST", "all, forward or backward (default all)"},
@@ -193,7 +196,7 @@ int bench_command(int argc, char** argv) {
   const std::int64_t hv = args.integer("hv", 32, 1, 4096);
   const std::int64_t dk = args.integer("dk", 128, 1, 256);
   const std::int64_t dv = args.integer("dv", 128, 1, 256);
-  const int chunk = static_cast<int>(args.integer("chunk-size", 64, 1, 256));
+  const int requested_chunk = static_cast<int>(args.integer("chunk-size", 0, 0, 256));
   const int repeats = static_cast<int>(args.integer("repeats", 5, 1, 1000));
   int threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   const bool json = args.flag("json");
@@ -208,15 +211,18 @@ int bench_command(int argc, char** argv) {
   const DType dtype = dtype_arg == "bf16"  ? DType::bf16
                       : dtype_arg == "f16" ? DType::f16
                                            : DType::f32;
+  const int chunk =
+      requested_chunk != 0 ? requested_chunk : planned_chunk_size(hk, hv, dk, dv, dtype, isa);
 
   std::FILE* info = json ? stderr : stdout;
-  std::fprintf(
-      info,
-      "gdn bench: Hk=%lld Hv=%lld Dk=%lld Dv=%lld, %lld x %lld tokens, %s, chunk %d, "
-      "l2norm\n",
-      static_cast<long long>(hk), static_cast<long long>(hv), static_cast<long long>(dk),
-      static_cast<long long>(dv), static_cast<long long>(seqs), static_cast<long long>(tokens),
-      dtype == DType::f32 ? "f32" : (dtype_arg + " activations, float32 state").c_str(), chunk);
+  std::fprintf(info,
+               "gdn bench: Hk=%lld Hv=%lld Dk=%lld Dv=%lld, %lld x %lld tokens, %s, chunk %d%s, "
+               "l2norm\n",
+               static_cast<long long>(hk), static_cast<long long>(hv), static_cast<long long>(dk),
+               static_cast<long long>(dv), static_cast<long long>(seqs),
+               static_cast<long long>(tokens),
+               dtype == DType::f32 ? "f32" : (dtype_arg + " activations, float32 state").c_str(),
+               chunk, requested_chunk == 0 ? " (the tiling plan's)" : "");
   std::fprintf(info, "machine: %s; ISA %s; %d thread%s\n", cpu_model_name().c_str(),
                cpu_isa_name(isa), threads, threads == 1 ? "" : "s");
 

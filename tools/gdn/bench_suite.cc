@@ -36,7 +36,8 @@ The benchmark suite in one process: at each token count, thread count and activa
 baseline, the chunked backward under each remat policy: all, t_inv, none), each checked
 against the float64 reference first; and a decode-only serving step (gdn::fused_gdn_step,
 one token per sequence, states in slots, as `gdn bench --op step`) at each batch. The shape is
-Qwen3-Next's gated delta rule: Hk = 16, Hv = 32, Dk = Dv = 128, chunk 64, q and k
+Qwen3-Next's gated delta rule: Hk = 16, Hv = 32, Dk = Dv = 128, the tiling plan's chunk size
+for this machine (`gdn plan`), q and k
 L2-normalised in the kernel. The fp32 FMA peak is measured once per thread count, in the
 same run. For each case: median latency with min and max, us per token*head, GFLOP/s (cost
 model, bench/cost_model.h; the decode step counted as the token recurrence), %% of the peak,
@@ -170,7 +171,8 @@ int bench_suite_command(int argc, char** argv) {
   }
   const std::int64_t hk = quick ? 2 : 16, hv = quick ? 4 : 32, dk = quick ? 32 : 128,
                      dv = quick ? 32 : 128;
-  const int chunk = 64;
+  // The tiling plan's chunk size for this machine (what options.chunk_size = 0 runs).
+  const int chunk = planned_chunk_size(hk, hv, dk, dv, DType::f32, isa);
 
   std::FILE* info = json ? stderr : stdout;
   std::string seq_list, batch_list, thread_list, dtype_list;

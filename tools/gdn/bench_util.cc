@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "gdn/plan.h"
+
 namespace gdn::cli {
 
 void progress(const char* format, ...) {
@@ -61,6 +63,22 @@ std::int64_t parse_tokens(const Args& args, std::int64_t fallback) {
   if (!args.has("seq")) return args.integer("tokens", fallback, 1, std::int64_t{1} << 24);
   if (args.has("tokens")) throw UsageError("options '--seq' and '--tokens' are the same; give one");
   return parse_token_count("seq", args.text("seq", ""));
+}
+
+int planned_chunk_size(std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv,
+                       DType dtype, CpuIsa isa) {
+  PlanProblem problem;
+  problem.op = PlanOp::forward;
+  problem.tokens = 8192;
+  problem.hk = hk;
+  problem.hv = hv;
+  problem.dk = dk;
+  problem.dv = dv;
+  problem.dtype = dtype;
+  ForwardOptions options;
+  options.chunk_size = 0;
+  options.isa = isa;
+  return make_plan(problem, options).chunk_size;
 }
 
 }  // namespace gdn::cli

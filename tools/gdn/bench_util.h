@@ -7,6 +7,8 @@
 #include <string>
 
 #include "args.h"
+#include "gdn/runtime.h"
+#include "gdn/tensor.h"
 
 namespace gdn::cli {
 
@@ -44,5 +46,10 @@ std::int64_t parse_token_count(const std::string& option, const std::string& tex
 
 // --tokens or --seq (the same; --seq accepts a k suffix), else `fallback`.
 std::int64_t parse_tokens(const Args& args, std::int64_t fallback);
+
+// The chunk size the tiling plan chooses for a forward of this shape on this machine (what
+// options.chunk_size = 0 runs; `gdn plan` says why).
+int planned_chunk_size(std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv,
+                       DType dtype, CpuIsa isa);
 
 }  // namespace gdn::cli
