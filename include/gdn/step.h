@@ -56,22 +56,23 @@ struct StepOptions : LayerOptions {
   std::int64_t num_spec = 0;
 };
 
-// Inputs. qkv, a, b and the parameters as in gdn/layer.h (one float dtype, f32 or f64); the
-// index tensors int64, contiguous or strided.
+// Inputs. qkv, a, b and the parameters as in gdn/layer.h (f32 or f64; or bf16 / f16 qkv, a, b
+// with float32 parameters); the index tensors int64, contiguous or strided.
 struct StepInputs {
   TensorView qkv, a, b;  // [T, D], [T, Hv], [T, Hv]
   TensorView conv_weight, conv_bias, A_log, dt_bias;
   TensorView query_start_loc, state_indices, seq_lens, distribution, read_offsets;
 };
 
-// The state pools, updated in place; the float dtype of the inputs.
+// The state pools, updated in place; the compute dtype: float64 for f64 inputs, else float32
+// (16-bit activations keep float32 states).
 //   conv_state       [num_slots, K - 1, D]: each slot's last K - 1 raw inputs, oldest first
 //   recurrent_state  [num_slots, Hv, Dk, Dv]
 struct StatePools {
   MutableTensorView conv_state, recurrent_state;
 };
 
-// out [T, Hv Dv], the dtype of the inputs, caller-owned.
+// out [T, Hv Dv], the dtype of qkv, caller-owned.
 void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const MutableTensorView& out,
                     const StepOptions& options);
 // Allocating form: returns out.

@@ -45,7 +45,7 @@ MutableTensorView rows(const MutableTensorView& v, std::int64_t t0, std::int64_t
 
 template <class Real>
 Real element(const TensorView& v, std::int64_t i0, std::int64_t i1) {
-  return static_cast<const Real*>(v.data)[i0 * v.strides[0] + i1 * v.strides[1]];
+  return detail::element<Real>(v, i0 * v.strides[0] + i1 * v.strides[1]);
 }
 
 // The pools as typed slot blocks (validated contiguous).
@@ -68,12 +68,14 @@ void copy(Real* to, const Real* from, std::int64_t n) {
   if (n > 0) std::memcpy(to, from, static_cast<std::size_t>(n) * sizeof(Real));
 }
 
-// Output rows [t0, t1) set to zero.
-template <class Real>
+// Output rows [t0, t1) set to zero (every float dtype's zero is all zero bits).
 void zero_rows(const MutableTensorView& out, std::int64_t t0, std::int64_t t1) {
-  Real* o = static_cast<Real*>(out.data);
+  const std::size_t size = dtype_size(out.dtype);
+  char* o = static_cast<char*>(out.data);
   for (std::int64_t t = t0; t < t1; ++t) {
-    for (std::int64_t c = 0; c < out.sizes[1]; ++c) o[t * out.strides[0] + c * out.strides[1]] = 0;
+    for (std::int64_t c = 0; c < out.sizes[1]; ++c)
+      std::memset(o + (t * out.strides[0] + c * out.strides[1]) * static_cast<std::int64_t>(size),
+                  0, size);
   }
 }
 
@@ -86,7 +88,7 @@ void run_prefills(const StepInputs& in, const StatePools& pools, const MutableTe
   if (count == 0) return;
   const std::int64_t k = v.layer.taps, d = v.layer.channels, first_token = v.query_start[first];
   const std::int64_t t1 = v.query_start[v.mixed_end];
-  const DType dtype = v.layer.dtype;
+  const DType dtype = v.layer.compute_dtype;  // of the pools
   Pools<Real> pool(pools);
   Tensor cu(DType::i64, {count + 1});
   Tensor conv(dtype, {count, k - 1, d});
@@ -131,7 +133,8 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   if (n == 0) return;
   const std::int64_t k = v.layer.taps, d = v.layer.channels, cpad = (d + 15) / 16 * 16;
   const std::int64_t tokens = v.query_start[n], hv = o.hv;
-  const DType dtype = v.layer.dtype;
+  const DType dtype = v.layer.compute_dtype;   // of the pools and every temporary
+  const bool narrow = v.layer.dtype != dtype;  // 16-bit qkv and out
   Pools<Real> pool(pools);
   // Conv inputs: transposed weights and bias; the conv states are read from the read slots.
   Tensor weight(dtype, {k, cpad}), bias(dtype, {cpad});
@@ -151,7 +154,7 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   conv.num_seqs = n;
   conv.seqs = seqs.data();
   conv.dtype = dtype;
-  conv.x_dtype = dtype;
+  conv.x_dtype = v.layer.dtype;
   conv.x = static_cast<const std::byte*>(in.qkv.data);
   conv.x_token = in.qkv.strides[0];
   conv.x_channel = in.qkv.strides[1];
@@ -183,7 +186,7 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
         const std::int64_t j = t - (k - 2) + r;  // input index within the window
         if (j < 0) {
           copy(to + r * d, history != nullptr ? history + (k - 1 + j) * d : zeros.data(), d);
-        } else if (in.qkv.strides[1] == 1) {
+        } else if (in.qkv.strides[1] == 1 && !narrow) {
           copy(to + r * d,
                static_cast<const Real*>(in.qkv.data) + (v.query_start[s] + j) * in.qkv.strides[0],
                d);
@@ -217,10 +220,22 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   p.beta = static_cast<const std::byte*>(beta.raw());
   p.state = reinterpret_cast<std::byte*>(pool.rec);
   p.slot_elements = pool.rec_slot;
-  p.out = static_cast<std::byte*>(out.data);
-  p.out_token = out.strides[0];
-  p.out_channel = out.strides[1];
+  // 16-bit out: the decode kernel writes float32 rows, rounded into out once.
+  const std::int64_t width = hv * o.dv;
+  Tensor out32 = narrow ? Tensor(dtype, {tokens, width}) : Tensor{};
+  p.out = narrow ? static_cast<std::byte*>(out32.raw()) : static_cast<std::byte*>(out.data);
+  p.out_token = narrow ? width : out.strides[0];
+  p.out_channel = narrow ? 1 : out.strides[1];
   cpu::decode(p, plan.isa, plan.threads);
+  if (narrow) {
+    const Real* from = static_cast<const Real*>(out32.raw());
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      for (std::int64_t c = 0; c < width; ++c) {
+        detail::store_element<Real>(out, t * out.strides[0] + c * out.strides[1],
+                                    from[t * width + c]);
+      }
+    }
+  }
 }
 
 template <class Real>
@@ -230,7 +245,7 @@ void step_cpu(const StepInputs& in, const StatePools& pools, const MutableTensor
     fused_gdn_fwd(li, lo, o);
   });
   run_decodes<Real>(in, pools, out, o, v, decode_plan);
-  zero_rows<Real>(out, v.query_start[v.mixed_end], v.layer.tokens);
+  zero_rows(out, v.query_start[v.mixed_end], v.layer.tokens);
 }
 
 // The reference: each live sequence alone; a decode window token by token, each position's
@@ -263,7 +278,7 @@ void step_reference(const StepInputs& in, const StatePools& pools, const Mutable
       read = write;
     }
   }
-  zero_rows<double>(out, v.query_start[v.mixed_end], v.layer.tokens);
+  zero_rows(out, v.query_start[v.mixed_end], v.layer.tokens);
 }
 
 // out [T, Hv Dv] for the allocating forms: the dtype of qkv, or f64 for the reference (the

@@ -1033,17 +1033,17 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
   const bool f64 = precision == OutputPrecision::float64;
   if (f64 && l.dtype != DType::f64)
     fail("qkv", "dtype f64 (the reference runs in float64)", dtype_name(l.dtype));
-  if (l.dtype != DType::f32 && l.dtype != DType::f64)
-    fail("qkv", "dtype f32 or f64 (the serving step has no 16-bit path)", dtype_name(l.dtype));
   const std::string why = " (the dtype of qkv)";
+  // The pools hold states: the compute dtype (float32 for bf16 and f16 activations).
+  const std::string why_pool = compute_dtype_why(l.dtype);
   expect_pool("conv_state", pools.conv_state, 3, {0, l.taps - 1, l.channels, 0},
               "[num_slots, K - 1, D] = [num_slots, " + std::to_string(l.taps - 1) + ", " +
                   std::to_string(l.channels) + "]",
-              l.dtype, why);
+              l.compute_dtype, why_pool);
   expect_pool("recurrent_state", pools.recurrent_state, 4, {0, options.hv, options.dk, options.dv},
               "[num_slots, Hv, Dk, Dv] = [num_slots, " + std::to_string(options.hv) + ", " +
                   std::to_string(options.dk) + ", " + std::to_string(options.dv) + "]",
-              l.dtype, why);
+              l.compute_dtype, why_pool);
   const std::int64_t slots = pools.recurrent_state.sizes[0];
   if (pools.conv_state.sizes[0] != slots) {
     fail("conv_state", "as many slots as recurrent_state (" + std::to_string(slots) + ")",

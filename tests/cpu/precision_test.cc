@@ -362,6 +362,107 @@ TEST_P(HalfActivations, LayerMatchesReferenceAndFloat32Path) {
   }
 }
 
+// A serving step with 16-bit qkv, a, b and out over float32 pools: 8 decodes, a continued
+// prefill and a fresh one, one padding sequence. Bit for bit the float32 step on the widened
+// inputs (out rounded once; the pools identical), and within the layer tolerance of the
+// float64 reference step on the same values.
+TEST_P(HalfActivations, ServingStepMatchesFloat32StepAndReference) {
+  const DType dtype = GetParam();
+  const std::int64_t hk = 2, hv = 4, dk = 16, dv = 16, k = 4, d = 2 * hk * dk + hv * dv;
+  const std::int64_t slots = 16;
+  const std::vector<std::int64_t> lengths = {1, 1, 1, 1, 1, 1, 1, 1, 37, 64, 3};
+  const std::vector<std::int64_t> history = {9, 1, 30, 2, 5, 7, 100, 4, 20, 0, 0};
+  const std::int64_t n = static_cast<std::int64_t>(lengths.size());
+  std::int64_t t_count = 0;
+  for (std::int64_t len : lengths) t_count += len;
+  test::Random rng(dtype == DType::bf16 ? 41 : 42);
+  auto normal = [&](std::initializer_list<std::int64_t> shape, double scale) {
+    Tensor t(DType::f32, shape);
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      t.data<float>()[i] = static_cast<float>(scale * rng.normal());
+    return t;
+  };
+  const Tensor qkv = normal({t_count, d}, 1.0), a = normal({t_count, hv}, 1.0),
+               b = normal({t_count, hv}, 1.0), weight = normal({d, k}, 0.5),
+               a_log = normal({hv}, 0.5), dt_bias = normal({hv}, 0.5);
+  const Tensor conv0 = normal({slots, k - 1, d}, 1.0), rec0 = normal({slots, hv, dk, dv}, 0.3);
+  Tensor qsl(DType::i64, {n + 1}), idx(DType::i64, {n}), lens(DType::i64, {n}),
+      dist(DType::i64, {3});
+  qsl.data<std::int64_t>()[0] = 0;
+  for (std::int64_t s = 0; s < n; ++s) {
+    qsl.data<std::int64_t>()[s + 1] = qsl.data<std::int64_t>()[s] + lengths[s];
+    idx.data<std::int64_t>()[s] = s + 1 < n ? 2 + s : 0;  // padding: slot 0, never looked at
+    lens.data<std::int64_t>()[s] = lengths[s] + history[s];
+  }
+  dist.data<std::int64_t>()[0] = 8;
+  dist.data<std::int64_t>()[1] = 10;
+  dist.data<std::int64_t>()[2] = 10;
+  const Tensor qkv_h = to_half(qkv, dtype), a_h = to_half(a, dtype), b_h = to_half(b, dtype);
+  const Tensor qkv_w = widen(qkv_h), a_w = widen(a_h), b_w = widen(b_h);
+  StepOptions o;
+  o.hk = hk;
+  o.hv = hv;
+  o.dk = dk;
+  o.dv = dv;
+  auto inputs = [&](const Tensor& x, const Tensor& av, const Tensor& bv, const Tensor& w,
+                    const Tensor& al, const Tensor& dt) {
+    return StepInputs{x.view(),  av.view(),  bv.view(),  w.view(),    {},          al.view(),
+                      dt.view(), qsl.view(), idx.view(), lens.view(), dist.view(), {}};
+  };
+  auto copy_of = [](const Tensor& t, DType to) {
+    Tensor r(to, t.rank(), t.sizes());
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      if (to == DType::f64) {
+        r.data<double>()[i] = t.data<float>()[i];
+      } else {
+        r.data<float>()[i] = t.data<float>()[i];
+      }
+    }
+    return r;
+  };
+  // The float64 reference on the same values.
+  Tensor conv_r = copy_of(conv0, DType::f64), rec_r = copy_of(rec0, DType::f64);
+  const Tensor qkv_r = copy_of(qkv_w, DType::f64), a_r = copy_of(a_w, DType::f64),
+               b_r = copy_of(b_w, DType::f64), w_r = copy_of(weight, DType::f64),
+               al_r = copy_of(a_log, DType::f64), dt_r = copy_of(dt_bias, DType::f64);
+  const Tensor ref_out = ref::fused_gdn_step(inputs(qkv_r, a_r, b_r, w_r, al_r, dt_r),
+                                             {conv_r.mutable_view(), rec_r.mutable_view()}, o);
+  for (CpuIsa isa : compiled_isas()) {
+    o.isa = isa;
+    const std::string what = std::string(dtype_name(dtype)) + ", " + cpu_isa_name(isa);
+    Tensor conv_h = copy_of(conv0, DType::f32), rec_h = copy_of(rec0, DType::f32);
+    Tensor conv_w = copy_of(conv0, DType::f32), rec_w = copy_of(rec0, DType::f32);
+    const Tensor out_h = fused_gdn_step(inputs(qkv_h, a_h, b_h, weight, a_log, dt_bias),
+                                        {conv_h.mutable_view(), rec_h.mutable_view()}, o);
+    const Tensor out_w = fused_gdn_step(inputs(qkv_w, a_w, b_w, weight, a_log, dt_bias),
+                                        {conv_w.mutable_view(), rec_w.mutable_view()}, o);
+    ASSERT_EQ(out_h.dtype(), dtype);
+    EXPECT_TRUE(test::bit_identical(out_h, to_half(out_w, dtype), "out vs float32 step, " + what));
+    EXPECT_TRUE(test::bit_identical(conv_h, conv_w, "conv_state pool vs float32 step, " + what));
+    EXPECT_TRUE(test::bit_identical(rec_h, rec_w, "recurrent_state pool vs float32 step, " + what));
+    const double tolerance =
+        kLayerF32Tolerance +
+        2 * test::compare(to_half(to_f32(ref_out), dtype), ref_out).normalized();
+    EXPECT_TRUE(test::within(out_h, ref_out, tolerance, "out vs reference, " + what));
+    EXPECT_TRUE(
+        test::within(rec_h, rec_r, kLayerF32Tolerance, "recurrent pool vs reference, " + what));
+    EXPECT_TRUE(test::within(conv_h, conv_r, 0.0, "conv pool vs reference (copies), " + what));
+    // The padding token's row is zero.
+    for (std::int64_t c = 0; c < hv * dv; ++c) {
+      ASSERT_EQ(test::value_at(out_h, (t_count - 1) * hv * dv + c), 0.0) << what;
+    }
+  }
+  // Pools in the activation type are a clear error.
+  Tensor conv16(dtype, {slots, k - 1, d}), rec16(dtype, {slots, hv, dk, dv});
+  try {
+    fused_gdn_step(inputs(qkv_h, a_h, b_h, weight, a_log, dt_bias),
+                   {conv16.mutable_view(), rec16.mutable_view()}, o);
+    ADD_FAILURE() << "16-bit pools accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.argument(), "conv_state") << e.what();
+  }
+}
+
 // The conversions against independent arithmetic: every 16-bit pattern widens to a float that
 // rounds back to the same pattern (NaNs to a NaN); random floats and the halfway points between
 // neighbours round to the nearer neighbour, ties to the even one.
