@@ -29,8 +29,8 @@
 namespace gdn {
 
 // Inputs: the forward's (same layouts, dtypes and rules as ForwardInputs), plus
-//   d_o            [T, Hv, Dv] (batched: [B, T, Hv, Dv]), the input dtype. Required.
-//   d_final_state  [N, Hv, Dk, Dv], the input dtype. Optional (absent: zero).
+//   d_o            [T, Hv, Dv] (batched: [B, T, Hv, Dv]), the dtype of q. Required.
+//   d_final_state  [N, Hv, Dk, Dv], the compute dtype. Optional (absent: zero).
 //   chunk_states   [total_chunks, Hv, Dk, Dv], compute dtype: the forward's residual. Optional.
 //   t_inv          [total_chunks, Hv, C, C], compute dtype: the forward's residual. Optional.
 // The residuals must come from a forward with the same inputs and options (chunk size, scale,
@@ -77,7 +77,8 @@ struct BackwardOutputs {
 void chunk_gated_delta_rule_bwd(const BackwardInputs& inputs, const BackwardOutputs& outputs,
                                 const ForwardOptions& options = {});
 
-// The same, allocating its outputs (contiguous, the input dtype; d_initial_state always).
+// The same, allocating its outputs (contiguous, each in its input's dtype: dq, dk, dv that of
+// q; dg, dbeta and d_initial_state the compute dtype; d_initial_state always).
 struct BackwardResult {
   Tensor dq, dk, dv, dg, dbeta, d_initial_state;
 };

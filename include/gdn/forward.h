@@ -42,11 +42,13 @@ struct ForwardOptions {
 // Inputs. Two layouts, chosen by the rank of q:
 //   packed  : q, k [T, Hk, Dk]   v [T, Hv, Dv]   g, beta [T, Hv]      + optional cu_seqlens
 //   batched : q, k [B, T, Hk, Dk] v [B, T, Hv, Dv] g, beta [B, T, Hv]  (no cu_seqlens; N = B)
-// q, k, v, g, beta share one dtype: f32 or f64. Any strides.
+// Dtypes: all f32, or all f64; or 16-bit activations: q, k, v all bf16 or all f16 with g,
+// beta float32 (the compute dtype; docs/numerics.md "16-bit activations"). Any strides.
 // cu_seqlens: int64 [N + 1], cu_seqlens[0] = 0, non-decreasing, cu_seqlens[N] = T; absent
 //   means one sequence of T tokens. Zero-length sequences are allowed: their state passes
 //   through unchanged.
-// initial_state: optional [N, Hv, Dk, Dv], the input dtype; absent means zeros.
+// initial_state: optional [N, Hv, Dk, Dv], the compute dtype (f64 for f64 inputs, else f32);
+//   absent means zeros.
 // Limits: Hv a multiple of Hk; 1 <= Dk, Dv <= 256; T >= 0; N >= 1.
 struct ForwardInputs {
   TensorView q, k, v, g, beta;
@@ -55,8 +57,8 @@ struct ForwardInputs {
 };
 
 // Outputs, written by the call (the caller owns the memory; nothing is allocated for them).
-//   o            [T, Hv, Dv] (batched: [B, T, Hv, Dv]), the input dtype. Required.
-//   final_state  [N, Hv, Dk, Dv], the input dtype. Optional. May be the very same view as
+//   o            [T, Hv, Dv] (batched: [B, T, Hv, Dv]), the dtype of q. Required.
+//   final_state  [N, Hv, Dk, Dv], the compute dtype. Optional. May be the very same view as
 //                initial_state (same pointer, same strides): the state is updated in place.
 //   chunk_states [total_chunks, Hv, Dk, Dv], the state entering every chunk. Optional.
 //   t_inv        [total_chunks, Hv, C, C], T^-1 of every chunk; a chunk of n < C tokens fills
@@ -84,8 +86,8 @@ struct ForwardShape {
   std::int64_t hk = 0, hv = 0, dk = 0, dv = 0;
   std::int64_t chunk_size = 0;       // C
   std::int64_t total_chunks = 0;     // sum over sequences of ceil(len / C)
-  DType dtype = DType::f32;          // of the inputs, o and final_state
-  DType compute_dtype = DType::f32;  // of the state, the accumulation and the residuals
+  DType dtype = DType::f32;          // of q, k, v and o (the activations)
+  DType compute_dtype = DType::f32;  // of g, beta, the states, the accumulation, the residuals
 
   int o_rank() const { return batch > 0 ? 4 : 3; }
   Dims o_sizes() const;             // [T, Hv, Dv] or [B, T, Hv, Dv]

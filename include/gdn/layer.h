@@ -34,7 +34,8 @@ struct LayerOptions {
 };
 
 // Inputs, packed layout (sequences back to back; cu_seqlens as in gdn/forward.h). One float
-// dtype (f32 or f64) for every tensor except cu_seqlens.
+// dtype (f32 or f64) for every tensor except cu_seqlens; or 16-bit activations: qkv, a, b all
+// bf16 or all f16, everything else float32 (docs/numerics.md "16-bit activations").
 //   qkv              [T, D]   the projected, pre-conv channels [q heads | k heads | v heads]
 //   a, b             [T, Hv]  gate logits
 //   conv_weight      [D, K] or [D, 1, K], K from 1 to 8; tap K - 1 multiplies the current token
@@ -52,7 +53,8 @@ struct LayerInputs {
   TensorView cu_seqlens;
 };
 
-// Outputs (caller-owned, the input dtype; residuals in the compute dtype):
+// Outputs (caller-owned; out in the dtype of qkv, the states and residuals in the compute
+// dtype, float64 for f64 inputs, else float32):
 //   out                  [T, Hv Dv]
 //   conv_state_out       [N, K - 1, D], optional
 //   recurrent_state_out  [N, Hv, Dk, Dv], optional (may be exactly the view of
@@ -79,9 +81,9 @@ LayerForwardResult fused_gdn_fwd(const LayerInputs& inputs, const LayerOptions& 
 // gdn/backward.h: whatever is absent is rebuilt).
 struct LayerBackwardInputs {
   LayerInputs forward;
-  TensorView d_out;                  // [T, Hv Dv], required
-  TensorView d_conv_state_out;       // [N, K - 1, D], optional
-  TensorView d_recurrent_state_out;  // [N, Hv, Dk, Dv], optional
+  TensorView d_out;                  // [T, Hv Dv], the dtype of qkv, required
+  TensorView d_conv_state_out;       // [N, K - 1, D], the compute dtype, optional
+  TensorView d_recurrent_state_out;  // [N, Hv, Dk, Dv], the compute dtype, optional
   TensorView chunk_states, t_inv;    // optional residuals
 };
 

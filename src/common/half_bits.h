@@ -1,5 +1,6 @@
-// half_bits.h: float <-> bf16 and f16 bit patterns, round to nearest even, NaN kept a (quiet)
-// NaN, overflow to infinity, f16 subnormals exact. The one implementation of these
+// half_bits.h: float <-> bf16 and f16 bit patterns, round to nearest even, NaN kept a quiet
+// NaN with its top payload bits (bit for bit what F16C's vcvtps2ph / vcvtph2ps give, so every
+// ISA variant agrees), overflow to infinity, f16 subnormals exact. The one implementation of these
 // conversions: the public gdn::bf16_bits / gdn::f16_bits (src/api/tensor.cc), the float64
 // reference and the portable kernel variant all use it.
 //
@@ -37,7 +38,8 @@ static inline std::uint16_t f16_from_float(float f) {
   std::uint32_t x = float_bits(f);
   const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
   x &= 0x7fffffffu;
-  if (x > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  // NaN: quiet, keeping the top 10 payload bits (as the F16C instructions do).
+  if (x > 0x7f800000u) return sign | 0x7e00u | static_cast<std::uint16_t>((x >> 13) & 0x3ffu);
   if (x >= 0x477ff000u) return sign | 0x7c00u;  // at or past halfway above 65504: infinity
   if (x < 0x38800000u) {
     // Below 2^-14: a multiple of 2^-24. |f| 2^24 is exact; rounding it to an integer (ties to
@@ -56,7 +58,9 @@ static inline float float_from_f16(std::uint16_t h) {
     const float magnitude = static_cast<float>(mantissa) * (1.0f / 16777216.0f);
     return sign != 0 ? -magnitude : magnitude;
   }
-  if (exponent == 31) return bits_float(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 31) {  // infinity, or a NaN made quiet (as the F16C instructions do)
+    return bits_float(sign | (mantissa != 0 ? 0x7fc00000u : 0x7f800000u) | (mantissa << 13));
+  }
   return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 

@@ -214,6 +214,30 @@ TEST_P(HalfActivations, BitIdenticalForAnyThreadCount) {
   }
 }
 
+// A NaN with a payload in v: the 16-bit output's NaN bits are those of the float32 path's
+// output rounded with gdn::f16_bits / bf16_bits, on every variant (vector and scalar
+// conversions agree on NaNs too).
+TEST_P(HalfActivations, NaNPayloadsConvertAlikeOnEveryVariant) {
+  const DType dtype = GetParam();
+  ProblemSpec spec = mixed_spec();
+  Pair p = make_pair(spec, dtype);
+  auto* v = static_cast<std::uint16_t*>(p.half.v.raw());
+  v[3] = dtype == DType::f16 ? 0x7e01 : 0x7fc1;   // quiet NaNs with a payload
+  v[40] = dtype == DType::f16 ? 0xfd05 : 0xff85;  // signalling ones (negative)
+  p.wide.v = widen(p.half.v);
+  for (CpuIsa isa : compiled_isas()) {
+    for (Algorithm algorithm : {Algorithm::chunked, Algorithm::recurrent}) {
+      ForwardOptions o = p.half.options();
+      o.isa = isa;
+      o.algorithm = algorithm;
+      const ForwardResult r = chunk_gated_delta_rule_fwd(p.half.inputs(), o);
+      const ForwardResult w = chunk_gated_delta_rule_fwd(p.wide.inputs(), o);
+      EXPECT_TRUE(test::bit_identical(r.o, to_half(w.o, dtype),
+                                      std::string(cpu_isa_name(isa)) + ", " + dtype_name(dtype)));
+    }
+  }
+}
+
 // Gates, states and residuals are float32 with 16-bit activations; anything else is a clear
 // error naming the argument.
 TEST_P(HalfActivations, ValidationNamesTheArgument) {
@@ -505,6 +529,12 @@ TEST(HalfConversions, RoundTripAndNearestEven) {
       }
     }
   }
+  // NaNs: quiet, the top payload bits kept, as F16C converts (every ISA variant agrees).
+  for (std::uint32_t bits = 0x7c01; bits < 0x8000; ++bits) {
+    const auto h = static_cast<std::uint16_t>(bits);
+    ASSERT_EQ(f16_bits(f16_value(h)), h | 0x200) << "f16 NaN " << bits;
+  }
+  EXPECT_EQ(bf16_bits(bf16_value(0x7f81)), 0x7fc1);
   EXPECT_EQ(f16_bits(65504.0f), 0x7bff);
   EXPECT_EQ(f16_bits(65520.0f), 0x7c00);  // halfway past the largest: infinity
   EXPECT_EQ(f16_bits(-1e9f), 0xfc00);
