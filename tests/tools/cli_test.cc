@@ -344,6 +344,17 @@ TEST_F(Cli, BackwardRoundTripEqualsLibrary) {
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.output.find("do.npy: cannot open"), std::string::npos) << missing.output;
   npy::save(path("in/do.npy"), c.d_o);
+  // --chunk-size 0: the tiling plan's chunk size, for the residual files and the backward.
+  ASSERT_EQ(gdn_cli("forward --in '" + path("in") + "' --out '" + path("in") +
+                    "' --l2norm --chunk-size 0 --residuals --quiet")
+                .code,
+            0);
+  const Result planned = gdn_cli("backward " + io("planned") + " --l2norm --chunk-size 0");
+  ASSERT_EQ(planned.code, 0) << planned.output;
+  EXPECT_NE(planned.output.find("chunk_states.npy and t_inv.npy from"), std::string::npos)
+      << planned.output;
+  EXPECT_TRUE(test::within(npy::load(path("planned/dq.npy")), expected.dq, 1e-4,
+                           "dq.npy at the planned chunk size"));
   const Result mismatch = gdn_cli("backward " + io("x") + " --l2norm --chunk-size 16");
   EXPECT_EQ(mismatch.code, 1);
   EXPECT_NE(mismatch.output.find("chunk_states.npy (chunk_states)': expected shape"),
@@ -566,7 +577,7 @@ TEST_F(Cli, UsageErrors) {
       << unknown.output;
   const Result bad = gdn_cli("forward " + io() + " --chunk-size 1000");
   EXPECT_EQ(bad.code, 2);
-  EXPECT_NE(bad.output.find("'--chunk-size': expected an integer in [1, 256], given '1000'"),
+  EXPECT_NE(bad.output.find("'--chunk-size': expected an integer in [0, 256], given '1000'"),
             std::string::npos)
       << bad.output;
   const Result missing = gdn_cli("forward --out x");

@@ -8,7 +8,7 @@ namespace gdn::cli {
 std::vector<OptionSpec> with_forward_options(std::vector<OptionSpec> first,
                                              const std::vector<OptionSpec>& last) {
   const std::vector<OptionSpec> shared = {
-      {"chunk-size", "C", "tokens per chunk, 1 to 256 (default 64)"},
+      {"chunk-size", "C", "tokens per chunk, 1 to 256, or 0: the tiling plan's (default 64)"},
       {"threads", "N", "worker threads, 0 = all cores (default 0); results do not depend on it"},
       {"l2norm", nullptr, "L2-normalise q and k inside the kernel"},
       {"scale", "S", "multiplier of q (default Dk^-1/2)"},
@@ -21,7 +21,7 @@ std::vector<OptionSpec> with_forward_options(std::vector<OptionSpec> first,
 
 ForwardOptions forward_options_from(const Args& args) {
   ForwardOptions options;
-  options.chunk_size = static_cast<int>(args.integer("chunk-size", 64, 1, 256));
+  options.chunk_size = static_cast<int>(args.integer("chunk-size", 64, 0, 256));
   options.threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   options.use_qk_l2norm = args.flag("l2norm");
   if (auto s = args.number("scale")) options.scale = *s;
@@ -46,7 +46,7 @@ LayerOptions layer_options_from(const Args& args) {
   o.hv = required_integer(args, "hv", 4096);
   o.dk = required_integer(args, "dk", 256);
   o.dv = required_integer(args, "dv", 256);
-  o.chunk_size = static_cast<int>(args.integer("chunk-size", 64, 1, 256));
+  o.chunk_size = static_cast<int>(args.integer("chunk-size", 64, 0, 256));
   o.threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   o.isa = isa_option(args);
   return o;

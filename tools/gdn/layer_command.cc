@@ -92,7 +92,8 @@ std::vector<OptionSpec> layer_options(const std::vector<OptionSpec>& own) {
       {"hv", "HV", "value heads, a multiple of HK (required)"},
       {"dk", "DK", "key head dim, 1 to 256 (required)"},
       {"dv", "DV", "value head dim, 1 to 256 (required)"},
-      {"chunk-size", "C", "tokens per chunk of the gated delta rule, 1 to 256 (default 64)"},
+      {"chunk-size", "C",
+       "tokens per chunk of the gated delta rule, 1 to 256, or 0: the tiling plan's (default 64)"},
       {"threads", "N", "worker threads, 0 = all cores (default 0); results do not depend on it"},
       {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
   };
