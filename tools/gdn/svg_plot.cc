@@ -13,8 +13,12 @@ namespace {
 
 constexpr double kPanelWidth = 440, kPlotLeft = 70, kPlotTop = 30, kPlotWidth = 340,
                  kPlotHeight = 230, kLegendRow = 15, kTitleHeight = 40;
+// Ten strong colours, then ten darker ones: a suite plot has up to 13 series labels (float32
+// and bf16 rows), which the first ten alone would repeat.
 const char* const kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+                                "#0b3c5d", "#a14d00", "#145a14", "#7a1414", "#4b2c6b",
+                                "#4a2d26", "#8e3c7a", "#3d3d3d", "#6b6b0f", "#0d6e78"};
 
 std::string fmt(const char* format, double a) {
   char buf[64];
