@@ -91,45 +91,6 @@ const std::vector<OptionSpec> kOptions = {
 // fp32 tolerance of the checks (docs/numerics.md).
 constexpr double kTolerance = 1e-4;
 
-// Element i of a float32, bf16 or f16 tensor.
-double element(const Tensor& t, std::int64_t i) {
-  const auto* half = static_cast<const std::uint16_t*>(t.raw());
-  switch (t.dtype()) {
-    case DType::bf16:
-      return bf16_value(half[i]);
-    case DType::f16:
-      return f16_value(half[i]);
-    default:
-      return t.data<float>()[i];
-  }
-}
-
-// A float32 tensor rounded to `dtype` (itself when f32).
-Tensor rounded(Tensor x, DType dtype) {
-  if (dtype == DType::f32) return x;
-  Tensor r(dtype, x.rank(), x.sizes());
-  auto* out = static_cast<std::uint16_t*>(r.raw());
-  const float* in = x.data<float>();
-  for (std::int64_t i = 0; i < x.numel(); ++i)
-    out[i] = dtype == DType::bf16 ? bf16_bits(in[i]) : f16_bits(in[i]);
-  return r;
-}
-
-// The error of a float64 reference rounded to `dtype` against itself: what a 16-bit output
-// cannot avoid (0 for f32).
-double rounding_error(const Tensor& ref, DType dtype) {
-  if (dtype == DType::f32) return 0;
-  const double* r = ref.data<double>();
-  return bench::error_stats(
-             ref.numel(),
-             [&](std::int64_t i) {
-               const auto x = static_cast<float>(r[i]);
-               return dtype == DType::bf16 ? bf16_value(bf16_bits(x)) : f16_value(f16_bits(x));
-             },
-             [&](std::int64_t i) { return r[i]; })
-      .normalized();
-}
-
 // One measured case: `setup` allocates its outputs (and runs whatever untimed work it needs),
 // `run` is what is timed, `check` compares with the float64 reference and returns the error,
 // `teardown` frees what setup allocated.
@@ -148,7 +109,7 @@ double max_error(const std::vector<std::pair<const Tensor*, const Tensor*>>& pai
   double worst = 0;
   for (const auto& [x, ref] : pairs) {
     const double e = bench::error_stats(
-                         x->numel(), [&](std::int64_t i) { return element(*x, i); },
+                         x->numel(), [&](std::int64_t i) { return element_value(*x, i); },
                          [&](std::int64_t i) { return ref->data<double>()[i]; })
                          .normalized();
     worst = std::max(worst, e);
@@ -278,11 +239,11 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
     for (std::int64_t i = 0; i < d_o.numel(); ++i) {
       d_o.data<float>()[i] = static_cast<float>(rng.uniform(-1, 1));
     }
-    d_o = rounded(std::move(d_o), dtype);
+    d_o = rounded_to(std::move(d_o), dtype);
   }
-  q = rounded(std::move(q), dtype);
-  k = rounded(std::move(k), dtype);
-  v = rounded(std::move(v), dtype);
+  q = rounded_to(std::move(q), dtype);
+  k = rounded_to(std::move(k), dtype);
+  v = rounded_to(std::move(v), dtype);
   const ForwardInputs inputs{q.view(), k.view(), v.view(), g.view(), beta.view(), {}, cu.view()};
 
   ForwardOptions base;
@@ -366,7 +327,9 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
       const std::int64_t row = group * dv;
       return bench::error_stats(
                  check_tokens * row,
-                 [&](std::int64_t i) { return element(fwd_out.o, (i / row) * hv * dv + i % row); },
+                 [&](std::int64_t i) {
+                   return element_value(fwd_out.o, (i / row) * hv * dv + i % row);
+                 },
                  [&](std::int64_t i) { return r[i]; })
           .normalized();
     };

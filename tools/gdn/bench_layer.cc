@@ -115,26 +115,6 @@ const std::vector<OptionSpec> kConvOptions = {
 // fp32 tolerance of the checks (docs/numerics.md).
 constexpr double kTolerance = 1e-4;
 
-// Element i of a float32, bf16 or f16 tensor.
-double value(const Tensor& t, std::int64_t i) {
-  const auto* half = static_cast<const std::uint16_t*>(t.raw());
-  if (t.dtype() == DType::bf16) return bf16_value(half[i]);
-  if (t.dtype() == DType::f16) return f16_value(half[i]);
-  return t.data<float>()[i];
-}
-
-// A float32 tensor rounded to `dtype` in place of itself (nothing for f32 or an absent one).
-void round_to(Tensor& t, DType dtype) {
-  if (dtype == DType::f32 || !t.present()) return;
-  Tensor r(dtype, t.rank(), t.sizes());
-  auto* out = static_cast<std::uint16_t*>(r.raw());
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    const float x = t.data<float>()[i];
-    out[i] = dtype == DType::bf16 ? bf16_bits(x) : f16_bits(x);
-  }
-  t = std::move(r);
-}
-
 void fill_uniform(Tensor& t, Random& rng, double lo, double hi) {
   float* p = t.data<float>();
   for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(rng.uniform(lo, hi));
@@ -253,23 +233,8 @@ LayerData slice_of(const LayerData& d, std::int64_t tokens) {
 
 double normalized_error(const Tensor& x, const Tensor& ref) {
   return bench::error_stats(
-             x.numel(), [&](std::int64_t i) { return value(x, i); },
+             x.numel(), [&](std::int64_t i) { return element_value(x, i); },
              [&](std::int64_t i) { return ref.data<double>()[i]; })
-      .normalized();
-}
-
-// The error of a float64 result rounded to the 16-bit `dtype`, against itself: what a 16-bit
-// output cannot avoid (0 for f32).
-double rounding_error(const Tensor& ref, DType dtype) {
-  if (dtype == DType::f32) return 0;
-  const double* r = ref.data<double>();
-  return bench::error_stats(
-             ref.numel(),
-             [&](std::int64_t i) {
-               const auto x = static_cast<float>(r[i]);
-               return dtype == DType::bf16 ? bf16_value(bf16_bits(x)) : f16_value(f16_bits(x));
-             },
-             [&](std::int64_t i) { return r[i]; })
       .normalized();
 }
 
@@ -322,10 +287,10 @@ Timing time_core(const LayerData& d, bool backward, Residuals kept, int repeats,
   for (std::int64_t h = 0; h < m.hv; ++h) {
     const double a_scale = std::exp(d.A_log.data<float>()[h]);
     for (std::int64_t i = 0; i < t; ++i) {
-      const double z = value(d.a, i * m.hv + h) + d.dt_bias.data<float>()[h];
+      const double z = element_value(d.a, i * m.hv + h) + d.dt_bias.data<float>()[h];
       g.data<float>()[i * m.hv + h] = static_cast<float>(-a_scale * std::log1p(std::exp(z)));
       beta.data<float>()[i * m.hv + h] =
-          static_cast<float>(1 / (1 + std::exp(-value(d.b, i * m.hv + h))));
+          static_cast<float>(1 / (1 + std::exp(-element_value(d.b, i * m.hv + h))));
     }
   }
   // q, k, v: column views of qkv in its dtype (16-bit activations run the core in 16 bits).
@@ -424,7 +389,7 @@ int bench_layer_command(int argc, char** argv) {
       LayerData d = make_layer(m, tokens, backward, threads, isa, 20261202);
       LayerData slice = slice_of(d, std::min<std::int64_t>(tokens, 3 * 64 + 5));
       for (LayerData* x : {&d, &slice}) {
-        for (Tensor* t : {&x->qkv, &x->a, &x->b, &x->d_out}) round_to(*t, dtype);
+        for (Tensor* t : {&x->qkv, &x->a, &x->b, &x->d_out}) *t = rounded_to(std::move(*t), dtype);
       }
       const std::int64_t tc = d.tokens * d.channels;
       const double conv_fwd = 2.0 * kTaps * static_cast<double>(tc);

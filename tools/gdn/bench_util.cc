@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bench/error_stats.h"
 #include "gdn/plan.h"
 
 namespace gdn::cli {
@@ -63,6 +64,36 @@ std::int64_t parse_tokens(const Args& args, std::int64_t fallback) {
   if (!args.has("seq")) return args.integer("tokens", fallback, 1, std::int64_t{1} << 24);
   if (args.has("tokens")) throw UsageError("options '--seq' and '--tokens' are the same; give one");
   return parse_token_count("seq", args.text("seq", ""));
+}
+
+double element_value(const Tensor& t, std::int64_t i) {
+  const auto* half = static_cast<const std::uint16_t*>(t.raw());
+  if (t.dtype() == DType::bf16) return bf16_value(half[i]);
+  if (t.dtype() == DType::f16) return f16_value(half[i]);
+  return t.data<float>()[i];
+}
+
+Tensor rounded_to(Tensor x, DType dtype) {
+  if (dtype == DType::f32 || !x.present()) return x;
+  Tensor r(dtype, x.rank(), x.sizes());
+  auto* out = static_cast<std::uint16_t*>(r.raw());
+  const float* in = x.data<float>();
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    out[i] = dtype == DType::bf16 ? bf16_bits(in[i]) : f16_bits(in[i]);
+  return r;
+}
+
+double rounding_error(const Tensor& ref, DType dtype) {
+  if (dtype == DType::f32) return 0;
+  const double* r = ref.data<double>();
+  return bench::error_stats(
+             ref.numel(),
+             [&](std::int64_t i) {
+               const auto x = static_cast<float>(r[i]);
+               return dtype == DType::bf16 ? bf16_value(bf16_bits(x)) : f16_value(f16_bits(x));
+             },
+             [&](std::int64_t i) { return r[i]; })
+      .normalized();
 }
 
 int planned_chunk_size(std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv,

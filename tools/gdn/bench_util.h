@@ -47,6 +47,14 @@ std::int64_t parse_token_count(const std::string& option, const std::string& tex
 // --tokens or --seq (the same; --seq accepts a k suffix), else `fallback`.
 std::int64_t parse_tokens(const Args& args, std::int64_t fallback);
 
+// 16-bit activations in the benchmarks: element i of a float32, bf16 or f16 tensor; a float32
+// tensor rounded to `dtype` (itself for f32 or an absent tensor); and the error of a float64
+// result rounded to `dtype` against itself, what a 16-bit output cannot avoid (0 for f32),
+// which the checks add twice to their float32 tolerance (docs/numerics.md).
+double element_value(const Tensor& t, std::int64_t i);
+Tensor rounded_to(Tensor x, DType dtype);
+double rounding_error(const Tensor& ref, DType dtype);
+
 // The chunk size the tiling plan chooses for a forward of this shape on this machine (what
 // options.chunk_size = 0 runs; `gdn plan` says why).
 int planned_chunk_size(std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv,
