@@ -35,6 +35,36 @@ inline double chunked_backward_flops_per_chunk(double n, double dk, double dv) {
   return 14 * n * dk * dv + 6 * n * n * dk + 5 * n * n * dv;
 }
 
+// The same FLOPs split by the stages of src/cpu/profile.h (the breakdown of `gdn bench
+// --breakdown`), per chunk of n tokens: the gram per key head, the rest per value head.
+// Forward: gram + solve + wy + output + state = chunked_forward_flops_per_chunk when every
+// value head has its own key head. Backward (from kept residuals): gram + recompute + values +
+// mst + dqk + dstate = chunked_backward_flops_per_chunk likewise (tests/cpu/profile_test.cc).
+struct StageFlops {
+  double gram = 0, solve = 0, wy = 0, output = 0, state = 0;       // forward
+  double recompute = 0, values = 0, mst = 0, dqk = 0, dstate = 0;  // backward
+};
+inline StageFlops forward_stage_flops(double n, double dk, double dv) {
+  StageFlops f;
+  f.gram = 2 * n * n * dk;
+  f.solve = n * n * n / 3;
+  f.wy = 4 * n * dk * dv + n * (n + 1) * dv + 3 * n * dv;
+  f.output = n * (n + 1) * dv + n * dv;
+  f.state = 2 * n * dk * dv + dk * dv + n * dv;
+  return f;
+}
+inline StageFlops backward_stage_flops(double n, double dk, double dv) {
+  StageFlops f;
+  f.gram = 2 * n * n * dk;
+  f.solve = n * n * n / 3;  // when T^-1 is not kept
+  f.recompute = 2 * n * dk * dv + n * n * dv;
+  f.values = 2 * n * dk * dv + 4 * n * n * dv;
+  f.mst = 4 * n * dk * dv;
+  f.dqk = 4 * n * n * dk + 2 * n * dk * dv;
+  f.dstate = 4 * n * dk * dv;
+  return f;
+}
+
 // Rebuilding one chunk's state without residuals (the t_inv and none policies):
 // [Q;K] K^T 2 n^2 dk, K S 2 n dk dv, V_new = A R n^2 dv, the state update 2 n dk dv, and with
 // no t_inv kept the solve n^3 / 3. Counted once per chunk (a single rebuild pass); sequences

@@ -108,12 +108,16 @@ void rebuild_step(const detail::BackwardProblem& bp, const detail::Sequence& seq
 template <class Real, class In>
 void bwd_recompute(const detail::BackwardProblem& bp, const detail::Sequence& seq,
                    std::int64_t chunk, std::int64_t h, std::int64_t t0, std::int64_t n,
-                   const Real* state, const ChunkedLayout& l, BackwardBuffers<Real>& w) {
+                   const Real* state, const ChunkedLayout& l, BackwardBuffers<Real>& w,
+                   StageClock& clock) {
   const detail::ForwardProblem& p = bp.fwd;
   ChunkBuffers<Real>& b = w.c;
   chunk_pack_v<Real, In>(p, seq, h, t0, n, l, b);
+  clock.lap(Stage::pack_v);
   chunk_kkt(n, l, b);
+  clock.lap(Stage::kkt);
   chunk_t_inv(bp, chunk, h, n, l, b);
+  clock.lap(bp.t_inv.data != nullptr ? Stage::residuals : Stage::solve);
   const Real* ks = b.x + n * l.dvp;
   gemm<Real, false>(n, l.dvp, p.shape.dk, b.qk + n * l.dkp, l.dkp, 1, state, l.dvp, b.x + n * l.dvp,
                     l.dvp);
@@ -128,10 +132,12 @@ void bwd_recompute(const detail::BackwardProblem& bp, const detail::Sequence& se
     }
   }
   gemm<Real, false>(n, l.dvp, n, b.a, l.cp, 1, w.r, l.dvp, b.vnew, l.dvp, 1, kLowerA);
+  clock.lap(Stage::recompute);
   for (std::int64_t i = 0; i < n; ++i) {
     gather_row(w.dodr + i * l.dvp, token_at<In>(bp.d_o, seq, t0 + i, h), bp.d_o.dim, p.shape.dv,
                l.dvp);
   }
+  clock.lap(Stage::read_do);
 }
 
 // The backward of head h over one chunk, given its recomputed buffers: writes dv, dbeta, dg of
@@ -140,7 +146,7 @@ void bwd_recompute(const detail::BackwardProblem& bp, const detail::Sequence& se
 template <class Real, class In>
 void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& seq, std::int64_t h,
                     std::int64_t t0, std::int64_t n, const Real* state, Real* ds,
-                    const ChunkedLayout& l, BackwardBuffers<Real>& w) {
+                    const ChunkedLayout& l, BackwardBuffers<Real>& w, StageClock& clock) {
   constexpr int W = kLanes<Real>;
   const detail::ForwardProblem& p = bp.fwd;
   ChunkBuffers<Real>& b = w.c;
@@ -165,6 +171,7 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
   transpose_into(b.vnew, n, l.dvp, dv, w.vnt, l.cp, l.cp);
   gemm<Real, false>(n, l.cp, dv, d_o, l.dvp, 1, w.vnt, l.cp, w.dpl, l.cp, 1, kLowerC);  // dP
   gemm<Real, false>(n, l.cp, dv, dr, l.dvp, 1, w.vnt, l.cp, w.dpl + n * l.cp, l.cp, 1, kLowerC);
+  clock.lap(Stage::values);
 
   // M = [e dO; -beta e dR] (over X: K S is no longer needed) and Y = M S^T, the start of this
   // head's [dQ~; dK].
@@ -178,6 +185,7 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
   }
   transpose_into(state, dk, l.dvp, dv, w.st, l.dkp, l.dkp);
   gemm<Real, false>(2 * n, l.dkp, dv, m, l.dvp, 1, w.st, l.dkp, w.y, l.dkp);  // M S^T
+  clock.lap(Stage::mst);
 
   // bwd_gates. H = dP . P + dB . B (strict lower: the diagonal's d/dG_i and d/dG_j cancel);
   // dP <- dP . Gamma, dB <- dB . Gamma (dB = beta dL, dL = -dR V_new^T).
@@ -250,6 +258,8 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
     *token_at<Real>(bp.dg, seq, t0 + i, h) = dg;
   }
 
+  clock.lap(Stage::gates);
+
   // bwd_qk: the rest of this head's [dQ~; dK] into Y, then added to the item's sum.
   Real* dq = w.y;
   Real* dkk = w.y + n * l.dkp;
@@ -264,9 +274,11 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
   gemm<Real, true>(n, l.dkp, dv, b.vnew, l.dvp, 1, w.dst, l.dkp, dkk, l.dkp);  // (d V_new) dS'^T
   for (std::int64_t e = 0; e < 2 * n * l.dkp; e += W)
     store(w.dqk + e, load(w.dqk + e) + load(w.y + e));
+  clock.lap(Stage::dqk);
 
   // bwd_state: dS = e^G_last dS' + [Q~; K]^T M.
   gemm<Real, true>(dk, l.dvp, 2 * n, b.qk, 1, l.dkp, m, l.dvp, ds, l.dvp, gamma_last);
+  clock.lap(Stage::dstate);
 }
 
 // dq and dk of the chunk's tokens for key head hk, from the summed dQ~ and dK in w.dqk:
@@ -319,6 +331,7 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
   BackwardBuffers<Real> w(workspace, lb);
   ChunkBuffers<Real>& b = w.c;
   const std::int64_t state_size = dk * l.dvp;
+  StageClock clock;
   // Rebuilt states: checkpoint i (entering chunk i * segment) of head j at slot i, the states
   // entering the chunks of the current segment at slots checkpoints + 0 .. segment - 1.
   auto slot = [&](std::int64_t index, std::int64_t j) {
@@ -336,16 +349,19 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
       if (from(j) != to(j)) copy_state(from(j), to(j));
       rebuild_step<Real, In>(bp, seq, seq.first_chunk + index, h0 + j, t0, n, to(j), l, b);
     }
+    clock.lap(Stage::rebuild);
   };
 
   for (std::int64_t j = 0; j < heads; ++j) {
     load_matrix<Real, Real>(w.ds + j * state_size, dk, dv, l.dvp, bp.d_final_state, s, h0 + j);
   }
+  clock.lap(Stage::states);
   if (!kept_states && chunks > 0) {
     // The checkpoints: the initial states, then every `segment` chunks.
     for (std::int64_t j = 0; j < heads; ++j) {
       load_matrix<Real, Real>(slot(0, j), dk, dv, l.dvp, p.initial_state, s, h0 + j);
     }
+    clock.lap(Stage::states);
     for (std::int64_t i = 1; i < checkpoints; ++i) {
       for (std::int64_t index = (i - 1) * segment; index < i * segment; ++index) {
         auto from = [&](std::int64_t j) {
@@ -364,6 +380,7 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
       const std::int64_t first = index / segment * segment;
       for (std::int64_t j = 0; j < heads; ++j)
         copy_state(slot(first / segment, j), slot(checkpoints, j));
+      clock.lap(Stage::rebuild);
       for (std::int64_t at = first; at < index; ++at) {
         advance(
             at, [&](std::int64_t j) { return slot(checkpoints + at - first, j); },
@@ -371,23 +388,28 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
       }
     }
     chunk_pack_qk<Real, In>(p, seq, hk, t0, n, l, b);
+    clock.lap(Stage::pack_qk);
     chunk_gram(n, dk, l, b);
     fill<Real>(w.dqk, 2 * n * l.dkp, 0);
+    clock.lap(Stage::gram);
     for (std::int64_t j = 0; j < heads; ++j) {
       const std::int64_t h = h0 + j;
       const Real* state;
       if (kept_states) {
         load_matrix<Real, Real>(w.state, dk, dv, l.dvp, bp.chunk_states, chunk, h);
         state = w.state;
+        clock.lap(Stage::residuals);
       } else {
         state = slot(checkpoints + index % segment, j);
       }
-      bwd_recompute<Real, In>(bp, seq, chunk, h, t0, n, state, l, w);
-      bwd_chunk_head<Real, In>(bp, seq, h, t0, n, state, w.ds + j * state_size, l, w);
+      bwd_recompute<Real, In>(bp, seq, chunk, h, t0, n, state, l, w, clock);
+      bwd_chunk_head<Real, In>(bp, seq, h, t0, n, state, w.ds + j * state_size, l, w, clock);
     }
     bwd_write_qk<Real, In>(bp, seq, hk, t0, n, l, w);
+    clock.lap(Stage::write_dqk);
   }
   for (std::int64_t j = 0; j < heads; ++j) {
     store_matrix<Real>(bp.d_initial_state, s, h0 + j, w.ds + j * state_size, dk, dv, l.dvp);
   }
+  clock.lap(Stage::states);
 }

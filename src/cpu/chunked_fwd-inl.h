@@ -242,31 +242,45 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
   const ChunkedLayout l = chunked_layout(dk, dv, c, heads);
   ChunkBuffers<Real> b(workspace, l);
   const std::int64_t state_size = dk * l.dvp;
+  StageClock clock;
 
   for (std::int64_t j = 0; j < heads; ++j) {
     load_matrix<Real, Real>(b.states + j * state_size, dk, dv, l.dvp, p.initial_state, s, h0 + j);
   }
+  clock.lap(Stage::states);
   for (std::int64_t t0 = 0, chunk = seq.first_chunk; t0 < seq.length; t0 += c, ++chunk) {
     const std::int64_t n = min64(c, seq.length - t0);
     chunk_pack_qk<Real, In>(p, seq, h0 / p.group, t0, n, l, b);
+    clock.lap(Stage::pack_qk);
     chunk_gram(n, dk, l, b);
+    clock.lap(Stage::gram);
     for (std::int64_t j = 0; j < heads; ++j) {
       const std::int64_t h = h0 + j;
       Real* state = b.states + j * state_size;
       store_matrix<Real>(p.chunk_states, chunk, h, state, dk, dv, l.dvp);
+      clock.lap(Stage::residuals);
       chunk_pack_v<Real, In>(p, seq, h, t0, n, l, b);
+      clock.lap(Stage::pack_v);
       chunk_kkt(n, l, b);
+      clock.lap(Stage::kkt);
       solve_tril(n, l, b);
+      clock.lap(Stage::solve);
       store_t_inv<Real>(p.t_inv, chunk, h, b.a, n, c, l.cp);
+      clock.lap(Stage::residuals);
       chunk_wy(n, dk, state, l, b);
+      clock.lap(Stage::wy);
       chunk_output(n, l, b);
+      clock.lap(Stage::output);
       for (std::int64_t i = 0; i < n; ++i) {
         scatter_row(token_at<In>(p.o, seq, t0 + i, h), p.o.dim, b.x + i * l.dvp, dv);
       }
+      clock.lap(Stage::write_o);
       chunk_state(n, dk, state, l, b);
+      clock.lap(Stage::state);
     }
   }
   for (std::int64_t j = 0; j < heads; ++j) {
     store_matrix<Real>(p.final_state, s, h0 + j, b.states + j * state_size, dk, dv, l.dvp);
   }
+  clock.lap(Stage::states);
 }

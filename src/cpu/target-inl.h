@@ -15,6 +15,7 @@
 #include "api/problem.h"
 #include "common/half_bits.h"
 #include "cpu/kernels.h"
+#include "cpu/profile.h"
 #include "cpu/workspace.h"
 #include "gdn/layer.h"
 
@@ -29,6 +30,7 @@ namespace {
 // In dependency order (each uses the ones above it).
 // clang-format off
 #include "cpu/simd-inl.h"
+#include "cpu/profile-inl.h"
 #include "cpu/half-inl.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/io-inl.h"

@@ -678,6 +678,47 @@ TEST_F(Cli, BenchJsonLines) {
   EXPECT_NE(run.output.find("PASS"), std::string::npos) << run.output;
 }
 
+// --breakdown: a table of stages for every chunked case (not the token recurrence), whose
+// stages are the ones the pass runs, and a stages_ms object in every chunked JSON line.
+TEST_F(Cli, BenchBreakdown) {
+  const std::string shape = "bench --tokens 130 --hk 2 --hv 4 --dk 32 --dv 16 --repeats 1 ";
+  const Result table = gdn_cli(shape + "--threads 1 --breakdown");
+  ASSERT_EQ(table.code, 0) << table.output;
+  for (const char* title :
+       {"where the time goes: forward, 130 tokens, 1 thread, f32",
+        "where the time goes: forward +residuals,", "where the time goes: backward-all,",
+        "where the time goes: backward-t_inv,", "where the time goes: backward-none,"}) {
+    EXPECT_NE(table.output.find(title), std::string::npos) << title << "\n" << table.output;
+  }
+  EXPECT_EQ(table.output.find("where the time goes: forward recurrent"), std::string::npos);
+  for (const char* row : {"\npack_qk ", "\ngram ", "\nwy ", "\nstate ", "\nrebuild ", "\nvalues ",
+                          "\ndqk ", "\nwrite_dqk ", "\nproducts "}) {
+    EXPECT_NE(table.output.find(row), std::string::npos) << row << "\n" << table.output;
+  }
+  const Result json = gdn_cli(shape + "--threads 2 --breakdown --json");
+  ASSERT_EQ(json.code, 0) << json.output;
+  int chunked = 0, with_stages = 0;
+  std::size_t at = 0;
+  while ((at = json.output.find("{\"op\": ", at)) != std::string::npos) {
+    const std::string line = json.output.substr(at, json.output.find('\n', at) - at);
+    const bool is_chunked = line.find("\"impl\": \"chunked\"") != std::string::npos;
+    const bool has_stages = line.find(", \"stages_ms\": {\"") != std::string::npos;
+    EXPECT_EQ(has_stages, is_chunked) << line;
+    if (line.find("\"op\": \"backward-all\"") != std::string::npos) {
+      EXPECT_NE(line.find("\"dstate\": "), std::string::npos) << line;
+      EXPECT_EQ(line.find("\"rebuild\": "), std::string::npos) << line;
+    }
+    if (is_chunked) {
+      EXPECT_EQ(line.substr(line.size() - 2), "}}") << line;
+    }
+    chunked += is_chunked;
+    with_stages += has_stages;
+    ++at;
+  }
+  EXPECT_EQ(chunked, 5) << json.output;
+  EXPECT_EQ(with_stages, 5) << json.output;
+}
+
 // The layer and conv benchmarks on small problems: the checks pass and every JSON line carries
 // the fields docs/perf.md reads.
 TEST_F(Cli, BenchLayerAndConvJsonLines) {
@@ -761,9 +802,9 @@ TEST_F(Cli, BenchSuiteJsonLinesAndPlot) {
   std::vector<std::string> lines;
   std::size_t at = 0;
   while ((at = run.output.find("{\"op\": ", at)) != std::string::npos) {
-    const std::size_t end = run.output.find('}', at);
+    const std::size_t end = run.output.find('\n', at);
     ASSERT_NE(end, std::string::npos) << run.output;
-    const std::string line = run.output.substr(at, end + 1 - at);
+    const std::string line = run.output.substr(at, end - at);
     for (const char* field :
          {"\"impl\"", "\"dtype\": \"", "\"threads\"", "\"tokens\"", "\"median_ms\"", "\"min_ms\"",
           "\"max_ms\"", "\"us_per_token_head\"", "\"gflops\"", "\"peak_gflops\"", "\"pct_peak\"",
@@ -792,6 +833,23 @@ TEST_F(Cli, BenchSuiteJsonLinesAndPlot) {
   EXPECT_EQ(count("\"dtype\": \"bf16\""), 24);
   EXPECT_EQ(count("\"threads\": 2,"), 26);
   EXPECT_EQ(count("\"tokens\": 256,"), 24);
+  // The breakdown: one thread, float32, the chunked cases (2 token counts x 5 cases).
+  EXPECT_EQ(count("\"stages_ms\": {"), 10);
+  for (const std::string& line : lines) {
+    if (line.find("\"stages_ms\"") == std::string::npos) continue;
+    EXPECT_NE(line.find("\"threads\": 1,"), std::string::npos) << line;
+    EXPECT_NE(line.find("\"dtype\": \"f32\""), std::string::npos) << line;
+  }
+  // The targets and the breakdown of the forward and of the backward from full residuals
+  // (stderr with --json).
+  for (const char* text : {"the CPU-speed targets: one thread, 128 tokens (--quick",
+                           "forward, float32: <= 1.0 us per token*head",
+                           "forward's matrix products: >= 70% of the fp32 peak",
+                           "backward from full residuals, float32: <= 2.5 us",
+                           "where the time goes: forward, 128 tokens, 1 thread",
+                           "where the time goes: backward-all, 128 tokens, 1 thread"}) {
+    EXPECT_NE(run.output.find(text), std::string::npos) << text;
+  }
   EXPECT_NE(run.output.find("bf16 and f16 rows: 16-bit activations"), std::string::npos);
   EXPECT_EQ(run.output.find("FAIL"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("plot written to " + svg_path), std::string::npos) << run.output;

@@ -25,6 +25,7 @@ struct CoreBenchConfig {
   bool table = true;          // the table and the ratios on stdout (when not json)
   std::FILE* info = stdout;   // the peak and check lines
   double peak_gflops = 0;     // the fp32 FMA peak; 0: measure it (and say so on `info`)
+  bool breakdown = false;     // one more run of each chunked case, profiled stage by stage
 };
 
 // One measured case.
@@ -33,6 +34,10 @@ struct CoreCaseResult {
   Timing timing;                    // with the case's peak RSS
   double flops = 0, us_per_token_head = 0, gflops = 0, peak_gflops = 0, check_error = 0;
   std::int64_t residual_bytes = 0;
+  // With config.breakdown, chunked cases only: ms per stage (src/cpu/profile.h, summed over
+  // threads) of one more run, and that run's wall time; empty otherwise.
+  std::vector<double> stage_ms;
+  double profiled_ms = 0;
 };
 
 // Checks and times the cases; 0, or 1 when a check failed (said on stderr).
@@ -56,5 +61,23 @@ struct DecodeBenchResult {
 // Checks and times the step (and the copy of its states, the floor); 0, or 1 when the check
 // failed (said on stderr).
 int run_decode_bench(const DecodeBenchConfig& config, DecodeBenchResult* result);
+
+// The breakdown of a profiled case (bench_breakdown.cc). One row per stage that took time:
+// what it does, its ms, the cost-model FLOPs of the matrix products it runs (0 for the other
+// stages) and the bytes it reads or writes in the caller's tensors (0 for in-cache stages).
+struct StageRow {
+  const char* name;
+  const char* what;
+  double ms = 0, flops = 0, bytes = 0;
+};
+std::vector<StageRow> stage_rows(const CoreBenchConfig& config, const CoreCaseResult& result);
+
+// The share of the peak the case's matrix products reach: their FLOPs over their stages' time
+// (a fraction; 0 without a breakdown).
+double products_fraction_of_peak(const std::vector<StageRow>& rows, double peak_gflops);
+
+// The breakdown as a table on `out`, and as a JSON object (stage name: ms) for the case's line.
+void print_breakdown(std::FILE* out, const CoreBenchConfig& config, const CoreCaseResult& result);
+std::string breakdown_json(const CoreCaseResult& result);
 
 }  // namespace gdn::cli

@@ -17,6 +17,7 @@
 #include "bench_util.h"
 #include "commands.h"
 #include "cpu/kernels.h"
+#include "cpu/profile.h"
 #include "gdn/gdn.h"
 #include "inputs.h"
 #include "sysinfo.h"
@@ -51,6 +52,7 @@ examples:
   gdn bench --threads 1
   gdn bench --threads 1 --chunk-size 64
   gdn bench --dtype bf16 --threads 1
+  gdn bench --threads 1 --breakdown
   gdn bench --seq 64k --repeats 3
   gdn bench --cases backward --json > backward.jsonl
   gdn bench --hv 64 --seqs 4 --tokens 2048
@@ -84,6 +86,9 @@ const std::vector<OptionSpec> kOptions = {
     {"dtype", "T",
      "activations (q, k, v, o and their gradients): f32, bf16 or f16; gates, states and "
      "residuals stay float32 (default f32)"},
+    {"breakdown", nullptr,
+     "after timing, run each chunked case once more with per-stage clocks and print where its "
+     "time goes (the JSON lines get a stages_ms object)"},
     {"json", nullptr, "print one JSON object per case and nothing else on stdout"},
     {"help", nullptr, "show this help"},
 };
@@ -202,6 +207,7 @@ int bench_command(int argc, char** argv) {
   config.cases = which;
   config.json = json;
   config.info = info;
+  config.breakdown = args.flag("breakdown");
   return run_core_bench(config, nullptr);
 }
 
@@ -417,6 +423,7 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
   }
 
   std::vector<Timing> timings;
+  std::vector<CoreCaseResult> breakdowns;
   std::vector<std::string> rows;
   for (const Case& c : cases) {
     reset_peak_rss();
@@ -438,14 +445,36 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
     }
     Timing t = time_runs(c.run, repeats, c.op + " " + c.impl + " (residuals " + c.residuals + ")");
     t.peak_rss = peak_rss_bytes();
-    c.teardown();
-    timings.push_back(t);
     const double us_per = t.median_ms * 1e3 / static_cast<double>(total * hv);
     const double gflops = c.flops / (t.median_ms * 1e-3) * 1e-9;
-    if (results != nullptr) {
-      results->push_back(
-          {c.op, c.impl, c.residuals, t, c.flops, us_per, gflops, peak, error, c.residual_bytes});
+    CoreCaseResult result;
+    result.op = c.op;
+    result.impl = c.impl;
+    result.residuals = c.residuals;
+    result.timing = t;
+    result.flops = c.flops;
+    result.us_per_token_head = us_per;
+    result.gflops = gflops;
+    result.peak_gflops = peak;
+    result.check_error = error;
+    result.residual_bytes = c.residual_bytes;
+    if (config.breakdown && c.impl == "chunked") {
+      progress("  %s %s (residuals %s): one more run, profiled", c.op.c_str(), c.impl.c_str(),
+               c.residuals.c_str());
+      cpu::StageProfile profile;
+      {
+        const cpu::ScopedStageProfile scope(&profile);
+        const std::int64_t start = cpu::stage_clock_ns();
+        c.run();
+        result.profiled_ms = static_cast<double>(cpu::stage_clock_ns() - start) * 1e-6;
+      }
+      progress("%s", "");
+      for (const auto& ns : profile.ns) result.stage_ms.push_back(static_cast<double>(ns) * 1e-6);
     }
+    c.teardown();
+    timings.push_back(t);
+    breakdowns.push_back(result);
+    if (results != nullptr) results->push_back(result);
     if (json) {
       std::printf(
           "{\"op\": \"%s\", \"impl\": \"%s\", \"residuals\": \"%s\", \"dtype\": \"%s\", "
@@ -453,13 +482,15 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
           "\"hv\": %lld, \"dk\": %lld, \"dv\": %lld, \"chunk_size\": %d, \"repeats\": %d, "
           "\"median_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, \"us_per_token_head\": %.5f, "
           "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"pct_peak\": %.2f, \"residual_bytes\": %lld, "
-          "\"peak_rss_bytes\": %lld, \"check_error\": %.3e}\n",
+          "\"peak_rss_bytes\": %lld, \"check_error\": %.3e%s%s}\n",
           (c.op == "backward" ? "backward-" + c.residuals : c.op).c_str(), c.impl.c_str(),
           c.residuals.c_str(), dtype_name(dtype), cpu_isa_name(isa), threads,
           static_cast<long long>(tokens), static_cast<long long>(seqs), static_cast<long long>(hk),
           static_cast<long long>(hv), static_cast<long long>(dk), static_cast<long long>(dv), chunk,
           repeats, t.median_ms, t.min_ms, t.max_ms, us_per, gflops, peak, 100 * gflops / peak,
-          static_cast<long long>(c.residual_bytes), static_cast<long long>(t.peak_rss), error);
+          static_cast<long long>(c.residual_bytes), static_cast<long long>(t.peak_rss), error,
+          result.stage_ms.empty() ? "" : ", \"stages_ms\": ",
+          result.stage_ms.empty() ? "" : breakdown_json(result).c_str());
     } else {
       char range[64], row[256];
       std::snprintf(range, sizeof range, "(%.2f - %.2f)", t.min_ms, t.max_ms);
@@ -502,6 +533,7 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
         "us/tok*head is wall time / (tokens x value heads) with %d thread%s; per core "
         "multiply by %d.\n",
         threads, threads == 1 ? "" : "s", threads);
+    for (const CoreCaseResult& r : breakdowns) print_breakdown(stdout, config, r);
   }
   return 0;
 }

@@ -1,7 +1,8 @@
-// bench_suite.cc: `gdn bench --suite`, the benchmark suite of the CPU-speed issue (float32):
+// bench_suite.cc: `gdn bench --suite`, the benchmark suite of the CPU-speed issue:
 // `gdn bench`'s cases (bench_command.cc) and the decode step of `gdn bench --op step`
-// (bench_step.cc) over token counts and thread counts in one process, each beside the fp32 FMA
-// peak measured in the same run, then an SVG plot (svg_plot.h).
+// (bench_step.cc) over token counts, thread counts and activation dtypes in one process, each
+// beside the fp32 FMA peak measured in the same run, then an SVG plot (svg_plot.h), the
+// targets and the per-stage breakdown (bench_breakdown.cc).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -45,6 +46,11 @@ bytes of residuals and the process's peak RSS during the case (--json: one JSON 
 in `gdn bench`'s format; the decode lines have op "decode", tokens = seqs = the batch, and
 also gbps, copy_gbps, vs_copy as `gdn bench --op step`). Then an SVG plot: latency against
 tokens (log-log), memory by remat policy, %% of peak per op.
+
+Last, the CPU-speed targets (per core: one thread, 8192 tokens) beside what the run measured,
+and where the time of the one-thread float32 forward and backward (from full residuals) goes,
+stage by stage: each chunked case at one thread in float32 runs once more with per-stage
+clocks (`gdn bench --breakdown`; its JSON lines get a stages_ms object).
 
 The 64k cases take minutes each on a few cores (about 8 GiB of memory); progress and an
 estimate go to stderr.
@@ -112,6 +118,79 @@ std::string threads_text(int n) { return std::to_string(n) + (n == 1 ? " thread"
 
 std::string tokens_text(std::int64_t t) {
   return t % 1024 == 0 ? std::to_string(t / 1024) + "k" : std::to_string(t);
+}
+
+// The CPU-speed targets (per core: one thread, one sequence of 8192 tokens, Qwen3-Next heads),
+// each beside what this run measured and the same run's peak, then where the forward's and the
+// backward's time goes (bench_breakdown.cc): the figures docs/perf.md quotes.
+void print_targets(std::FILE* out, const std::vector<Row>& rows,
+                   const std::vector<std::pair<CoreBenchConfig, CoreCaseResult>>& profiled,
+                   bool quick) {
+  if (profiled.empty()) return;  // no one-thread float32 run
+  // The targets' token count when the suite ran it, else the first one it ran.
+  std::int64_t tokens = profiled.front().first.tokens;
+  for (const auto& [config, result] : profiled) {
+    if (config.tokens == 8192) tokens = 8192;
+  }
+  auto find_row = [&](const std::string& op, const std::string& dtype) -> const Row* {
+    for (const Row& r : rows) {
+      if (r.threads == 1 && r.tokens == tokens && r.op == op && r.impl == "chunked" &&
+          r.dtype == dtype) {
+        return &r;
+      }
+    }
+    return nullptr;
+  };
+  const std::pair<CoreBenchConfig, CoreCaseResult>* forward = nullptr;
+  const std::pair<CoreBenchConfig, CoreCaseResult>* backward = nullptr;
+  for (const auto& p : profiled) {
+    if (p.first.tokens != tokens) continue;
+    if (p.second.op == "forward" && p.second.residuals == "none") forward = &p;
+    if (p.second.op == "backward" && p.second.residuals == "all") backward = &p;
+  }
+  std::fprintf(out, "\nthe CPU-speed targets: one thread, %s tokens%s\n",
+               tokens_text(tokens).c_str(),
+               quick            ? " (--quick: a tiny shape, not the targets' Qwen3-Next one)"
+               : tokens != 8192 ? " (the targets are at 8k tokens: add 8k to --seq)"
+                                : ", Qwen3-Next heads");
+  std::fprintf(out, "%-52s %-24s %8s  %s\n", "target", "measured", "% peak", "met");
+  auto line = [&](const char* target, const Row* r, double limit) {
+    if (r == nullptr) {
+      std::fprintf(out, "%-52s %-24s %8s  %s\n", target, "not run", "-", "-");
+      return;
+    }
+    char measured[64];
+    std::snprintf(measured, sizeof measured, "%.3f us/token*head", r->us_per);
+    std::fprintf(out, "%-52s %-24s %7.1f%%  %s\n", target, measured, r->pct,
+                 r->us_per <= limit ? "yes" : "no");
+  };
+  line("forward, float32: <= 1.0 us per token*head", find_row("forward", "f32"), 1.0);
+  if (forward != nullptr) {
+    const double fraction = products_fraction_of_peak(stage_rows(forward->first, forward->second),
+                                                      forward->second.peak_gflops);
+    char measured[64];
+    std::snprintf(measured, sizeof measured, "%.1f GFLOP/s",
+                  fraction * forward->second.peak_gflops);
+    std::fprintf(out, "%-52s %-24s %7.1f%%  %s\n",
+                 "forward's matrix products: >= 70% of the fp32 peak", measured, 100 * fraction,
+                 fraction >= 0.70 ? "yes" : "no");
+  }
+  line("backward from full residuals, float32: <= 2.5 us", find_row("backward-all", "f32"), 2.5);
+  const Row* fwd16 = find_row("forward", "bf16");
+  const Row* bwd16 = find_row("backward-all", "bf16");
+  auto bf16_line = [&](const char* target, const Row* r) {
+    char measured[64] = "not run";
+    if (r != nullptr) std::snprintf(measured, sizeof measured, "%.3f us/token*head", r->us_per);
+    std::fprintf(out, "%-52s %-24s %8s  %s\n", target, measured, "-", "no: bf16 activations only");
+  };
+  bf16_line("forward, bf16 matrix operands: <= 0.55 us", fwd16);
+  bf16_line("backward, bf16 mode: <= 1.4 us", bwd16);
+  std::fprintf(out,
+               "bf16 operands need a bf16 dot-product kernel (avx512_bf16), which this build "
+               "does not have: the bf16 rows run 16-bit activations with float32 products.\n");
+  for (const auto* p : {forward, backward}) {
+    if (p != nullptr) print_breakdown(out, p->first, p->second);
+  }
 }
 
 }  // namespace
@@ -194,6 +273,7 @@ int bench_suite_command(int argc, char** argv) {
 
   std::vector<Row> rows;
   std::vector<std::pair<int, double>> peaks;
+  std::vector<std::pair<CoreBenchConfig, CoreCaseResult>> profiled;  // for the breakdown
   const int steps =
       static_cast<int>(thread_counts.size() * (seqs.size() * dtypes.size() + batches.size()));
   int step = 0;
@@ -239,9 +319,13 @@ int bench_suite_command(int argc, char** argv) {
         config.table = false;
         config.info = stderr;
         config.peak_gflops = peak;
+        // One thread, float32: the targets' setting; one more run of each chunked case with
+        // the stage clocks on, for the breakdown.
+        config.breakdown = threads == 1 && dtype == DType::f32;
         std::vector<CoreCaseResult> results;
         if (run_core_bench(config, &results) != 0) return 1;
         for (const CoreCaseResult& c : results) {
+          if (!c.stage_ms.empty()) profiled.push_back({config, c});
           rows.push_back({c.op == "backward" ? "backward-" + c.residuals : c.op, c.impl,
                           c.residuals, dtype_name(dtype), threads, tokens, c.timing,
                           c.us_per_token_head, c.gflops, 100 * c.gflops / peak, c.residual_bytes});
@@ -306,6 +390,7 @@ int bench_suite_command(int argc, char** argv) {
         "\ndecode: one serving step of `tokens` sequences of one token each (tokens = "
         "batch); GFLOP/s counts the token recurrence.\n");
   }
+  print_targets(info, rows, profiled, quick);
 
   // The plot.
   std::vector<std::string> labels;  // in the order of the rows
