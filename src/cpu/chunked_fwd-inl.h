@@ -243,6 +243,13 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
   ChunkBuffers<Real> b(workspace, l);
   const std::int64_t state_size = dk * l.dvp;
   StageClock clock;
+  // Residuals larger than a cache go out with non-temporal stores: no read of each line before
+  // it is written, and the chunk's working set stays in the caches (docs/perf.md).
+  const std::int64_t residual_bytes =
+      p.shape.total_chunks * p.shape.hv *
+      ((p.chunk_states.data != nullptr ? dk * dv : 0) + (p.t_inv.data != nullptr ? c * c : 0)) *
+      static_cast<std::int64_t>(sizeof(Real));
+  const bool streamed = residual_bytes >= kResidualStreamBytes;
 
   for (std::int64_t j = 0; j < heads; ++j) {
     load_matrix<Real, Real>(b.states + j * state_size, dk, dv, l.dvp, p.initial_state, s, h0 + j);
@@ -257,7 +264,11 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
     for (std::int64_t j = 0; j < heads; ++j) {
       const std::int64_t h = h0 + j;
       Real* state = b.states + j * state_size;
-      store_matrix<Real>(p.chunk_states, chunk, h, state, dk, dv, l.dvp);
+      if (streamed) {
+        stream_matrix<Real>(p.chunk_states, chunk, h, state, dk, dv, l.dvp);
+      } else {
+        store_matrix<Real>(p.chunk_states, chunk, h, state, dk, dv, l.dvp);
+      }
       clock.lap(Stage::residuals);
       chunk_pack_v<Real, In>(p, seq, h, t0, n, l, b);
       clock.lap(Stage::pack_v);
@@ -265,7 +276,7 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
       clock.lap(Stage::kkt);
       solve_tril(n, l, b);
       clock.lap(Stage::solve);
-      store_t_inv<Real>(p.t_inv, chunk, h, b.a, n, c, l.cp);
+      store_t_inv<Real>(p.t_inv, chunk, h, b.a, n, c, l.cp, streamed);
       clock.lap(Stage::residuals);
       chunk_wy(n, dk, state, l, b);
       clock.lap(Stage::wy);
@@ -282,5 +293,6 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
   for (std::int64_t j = 0; j < heads; ++j) {
     store_matrix<Real>(p.final_state, s, h0 + j, b.states + j * state_size, dk, dv, l.dvp);
   }
+  if (streamed) stream_fence();
   clock.lap(Stage::states);
 }

@@ -79,12 +79,43 @@ inline void store_matrix(const detail::MatrixTensor<std::byte*>& dst, std::int64
     scatter_row(base + r * dst.row, dst.col, s + r * ld, cols);
 }
 
-// t_inv block of one chunk: A's top-left n x n, zeros in the rest of the C x C block.
+// Whether row `row` of `cols` elements of Real can be written with whole aligned vectors.
+template <class Real>
+inline bool vector_row(const Real* row, std::int64_t stride, std::int64_t cols) {
+  return stride == 1 && cols % kLanes<Real> == 0 &&
+         reinterpret_cast<std::uintptr_t>(row) % sizeof(Vec<Real>) == 0;
+}
+
+// The (index, head) matrix of `dst` = S[0..rows)[0..cols) like store_matrix, with
+// non-temporal stores (simd-inl.h: stream) where every row is whole aligned vectors: a row is
+// written start to end, so each cache line's write-combining buffer fills before the next.
+// The caller calls stream_fence() before its results may be read by another thread.
+template <class Real>
+inline void stream_matrix(const detail::MatrixTensor<std::byte*>& dst, std::int64_t index,
+                          std::int64_t h, const Real* s, std::int64_t rows, std::int64_t cols,
+                          std::int64_t ld) {
+  if (dst.data == nullptr) return;
+  Real* base = matrix_at<Real>(dst, index, h);
+  const bool whole =
+      vector_row(base, dst.col, cols) && (dst.row * sizeof(Real)) % sizeof(Vec<Real>) == 0;
+  if (!whole) return store_matrix<Real>(dst, index, h, s, rows, cols, ld);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    Real* row = base + r * dst.row;
+    for (std::int64_t j = 0; j < cols; j += kLanes<Real>) stream(row + j, load(s + r * ld + j));
+  }
+}
+
+// t_inv block of one chunk: A's top-left n x n, zeros in the rest of the C x C block. With
+// `streamed`, a full chunk's block of whole aligned vector rows goes out with non-temporal
+// stores (see stream_matrix).
 template <class Out, class Real>
 inline void store_t_inv(const detail::MatrixTensor<std::byte*>& dst, std::int64_t chunk,
                         std::int64_t h, const Real* a, std::int64_t n, std::int64_t c,
-                        std::int64_t ld) {
+                        std::int64_t ld, bool streamed = false) {
   if (dst.data == nullptr) return;
+  if constexpr (__is_same(Out, Real)) {
+    if (streamed && n == c) return stream_matrix<Real>(dst, chunk, h, a, c, c, ld);
+  }
   Out* base = matrix_at<Out>(dst, chunk, h);
   for (std::int64_t r = 0; r < c; ++r) {
     Out* row = base + r * dst.row;

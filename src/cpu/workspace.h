@@ -148,6 +148,11 @@ inline constexpr std::int64_t kConvTokens = 256;
 inline constexpr std::int64_t kConvSub = 16;
 inline constexpr std::int64_t kConvStreamBytes = std::int64_t{32} << 20;
 
+// The forward's residuals (chunk_states and t_inv) go out with non-temporal stores when they
+// take at least this many bytes (the size of a large L3: smaller ones may still be cached when
+// the backward reads them). src/cpu/chunked_fwd-inl.h.
+inline constexpr std::int64_t kResidualStreamBytes = std::int64_t{32} << 20;
+
 // Workspace in elements, rows cpad long: the forward's (K - 1 + kConvSub staged input rows and
 // kConvSub tail vectors), the backward's (K - 1 rows of carried dy, staged rows of
 // K - 1 + kConvSub inputs, kConvSub cotangents and kConvSub dx, one row of zeros).

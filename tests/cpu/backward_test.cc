@@ -236,6 +236,74 @@ TEST(CpuBackward, CheckpointedRebuildIsBitIdentical) {
   EXPECT_TRUE(all_bit_identical(t_inv, all, "t_inv vs all"));
 }
 
+// Residuals past 32 MiB go out with non-temporal stores (src/cpu/chunked_fwd-inl.h): the
+// states and T^-1 they hold are the ones the smaller, cached path writes. A chunk state is the
+// final state of a forward over the tokens before it; T^-1 of a chunk is that of a sequence of
+// the chunk's tokens alone; and the backward from them equals the backward that rebuilds both.
+TEST(CpuBackward, StreamedResidualsAreBitIdentical) {
+  ProblemSpec spec;
+  spec.lengths = {4096};  // 128 chunks of 32 x 4 heads x (64 + 4) KiB = 34 MiB
+  spec.hk = 1;
+  spec.hv = 4;
+  spec.dk = 128;
+  spec.dv = 128;
+  spec.l2norm = true;
+  spec.g_lo = -0.5;
+  const Problem p = make_problem(spec);
+  const test::Cotangents c = test::make_cotangents(p, 5);
+  for (CpuIsa isa : compiled_isas()) {
+    ForwardOptions o = p.options();
+    o.isa = isa;
+    o.chunk_size = 32;
+    const ForwardResult fwd = chunk_gated_delta_rule_fwd(p.inputs(), o, Residuals::all);
+    ASSERT_GE(fwd.chunk_states.bytes() + fwd.t_inv.bytes(), std::size_t{32} << 20);
+    const std::string what = cpu_isa_name(isa);
+    // Tokens [from, from + count) of a [T, H, D] or [T, H] float32 tensor.
+    const auto tokens = [](const Tensor& x, std::int64_t from, std::int64_t count) {
+      const std::int64_t row = x.numel() / x.size(0);
+      const float* at = x.data<float>() + from * row;
+      return x.rank() == 3 ? TensorView(at, {count, x.size(1), x.size(2)})
+                           : TensorView(at, {count, x.size(1)});
+    };
+    // Whether matrix `index` of a [n, Hv, R, C] float32 tensor equals matrix 0 of another.
+    const auto same_matrix = [](const Tensor& a, std::int64_t index, const Tensor& b) {
+      const std::int64_t block = a.numel() / a.size(0);
+      return std::memcmp(a.data<float>() + index * block, b.data<float>(),
+                         static_cast<std::size_t>(block) * sizeof(float)) == 0;
+    };
+    for (const std::int64_t chunk : {std::int64_t{1}, std::int64_t{77}, std::int64_t{127}}) {
+      const std::int64_t t0 = chunk * 32;
+      // The state entering the chunk: a forward over tokens [0, t0).
+      const ForwardInputs prefix{tokens(p.q, 0, t0),
+                                 tokens(p.k, 0, t0),
+                                 tokens(p.v, 0, t0),
+                                 tokens(p.g, 0, t0),
+                                 tokens(p.beta, 0, t0),
+                                 {},
+                                 {}};
+      const ForwardResult before = chunk_gated_delta_rule_fwd(prefix, o);
+      EXPECT_TRUE(same_matrix(fwd.chunk_states, chunk, before.final_state))
+          << "chunk state " << chunk << ", " << what;
+      // T^-1 of the chunk: a forward over its 32 tokens alone.
+      const ForwardInputs alone{tokens(p.q, t0, 32),
+                                tokens(p.k, t0, 32),
+                                tokens(p.v, t0, 32),
+                                tokens(p.g, t0, 32),
+                                tokens(p.beta, t0, 32),
+                                {},
+                                {}};
+      const ForwardResult own = chunk_gated_delta_rule_fwd(alone, o, Residuals::all);
+      EXPECT_TRUE(same_matrix(fwd.t_inv, chunk, own.t_inv)) << "t_inv " << chunk << ", " << what;
+    }
+    BackwardInputs in = backward_inputs(p, c, true);
+    const BackwardResult none = chunk_gated_delta_rule_bwd(in, o);
+    in.chunk_states = fwd.chunk_states.view();
+    in.t_inv = fwd.t_inv.view();
+    const BackwardResult all = chunk_gated_delta_rule_bwd(in, o);
+    EXPECT_TRUE(all_bit_identical(none, all, "none vs streamed all, " + what));
+  }
+}
+
 TEST(CpuBackward, BitIdenticalForAnyThreadCount) {
   ProblemSpec spec;
   spec.lengths = {200, 3, 0, 90, 64};
