@@ -55,6 +55,13 @@ GDN_DEV_OURS(avx512)
 #endif
 #undef GDN_DEV_OURS
 using OursGemm = decltype(&ours_gemm_generic);
+#ifdef GDN_DEV_HAVE_HWY
+// dev/gemm_compare_hwy.cc: the same product written with Highway, dispatched at run time.
+void hwy_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t a_row,
+              std::int64_t a_col, const float* b, std::int64_t ldb, float* c, std::int64_t ldc);
+const char* hwy_target();
+int hwy_tile_rows();
+#endif
 }  // namespace gdn::dev
 
 namespace {
@@ -360,6 +367,19 @@ int main(int argc, char** argv) {
             ours(s.m, s.n, s.k, o.a, a_row, a_col, o.b, o.ldb, o.c, o.ldc);
           });
     }
+#ifdef GDN_DEV_HAVE_HWY
+    if (s.trans_b || s.n % 16 != 0) {
+      skip(rows, s, "Highway", "n/a: as ours (the same algorithm)");
+    } else {
+      const std::int64_t a_row = s.trans_a ? 1 : o.lda, a_col = s.trans_a ? o.lda : 1;
+      add(rows, s, o, "Highway",
+          std::string("gemm-inl.h's tile in Highway 1.0.3, ") + gdn::dev::hwy_target() + ", " +
+              std::to_string(gdn::dev::hwy_tile_rows()) + " x 2 vectors",
+          [&s, &o, a_row, a_col] {
+            gdn::dev::hwy_gemm(s.m, s.n, s.k, o.a, a_row, a_col, o.b, o.ldb, o.c, o.ldc);
+          });
+    }
+#endif
 #ifdef GDN_DEV_HAVE_OPENBLAS
     add(rows, s, o, "OpenBLAS", std::string("cblas_sgemm, core ") + openblas_get_corename(),
         [&s, &o] {
