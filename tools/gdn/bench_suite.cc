@@ -296,8 +296,12 @@ int bench_suite_command(int argc, char** argv) {
           return bench::chunked_backward_flops_per_chunk(n, dk, dv) +
                  bench::rebuild_flops_per_chunk(n, dk, dv, false) * 2 / 3;
         });
-        const double estimate =
-            ((repeats + 1) * (3 * fwd + 3 * bwd) + 3 * fwd) / (0.5 * peak * 1e9) + 1;
+        // The breakdown (one thread, float32) runs each chunked case once more.
+        const bool profiled_step = threads == 1 && dtype == DType::f32;
+        const double estimate = ((repeats + 1) * (3 * fwd + 3 * bwd) + 3 * fwd +
+                                 (profiled_step ? 2 * fwd + 3 * bwd : 0.0)) /
+                                    (0.5 * peak * 1e9) +
+                                1;
         std::fprintf(
             stderr,
             "gdn bench --suite: [%d/%d] %s tokens, %s, %s: forward x2, baseline, backward x3 "
@@ -321,7 +325,7 @@ int bench_suite_command(int argc, char** argv) {
         config.peak_gflops = peak;
         // One thread, float32: the targets' setting; one more run of each chunked case with
         // the stage clocks on, for the breakdown.
-        config.breakdown = threads == 1 && dtype == DType::f32;
+        config.breakdown = profiled_step;
         std::vector<CoreCaseResult> results;
         if (run_core_bench(config, &results) != 0) return 1;
         for (const CoreCaseResult& c : results) {
