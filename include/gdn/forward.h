@@ -24,6 +24,21 @@ enum class Algorithm : std::uint8_t {
   recurrent,  // the token recurrence for every sequence (no t_inv residual)
 };
 
+// The operands of the chunked form's matrix products (docs/numerics.md "bf16 matrix operands").
+enum class MatmulPrecision : std::uint8_t {
+  compute,  // the compute dtype (float32, or float64 for float64 inputs)
+  bf16,     // both operands of every matrix product rounded to bf16 (nearest even) as they
+            // are read; products summed in float32; state, gates, decay, the T^-1 solve and
+            // every element-wise step stay float32. float32 compute only. The token recurrence
+            // (Algorithm::recurrent, and sequences shorter than the chunk size under automatic)
+            // keeps float32 products. This build has no bf16 dot-product kernel: the rounding is
+            // done on float32 registers, so it gives the numerics of bf16 operands, not their
+            // speed (slower than compute; docs/perf.md).
+};
+
+// "compute", "bf16".
+const char* matmul_precision_name(MatmulPrecision precision);
+
 struct ForwardOptions {
   // Multiplies q (default Dk^-1/2). Must be finite.
   std::optional<double> scale;
@@ -37,6 +52,7 @@ struct ForwardOptions {
   int threads = 0;
   Algorithm algorithm = Algorithm::automatic;
   CpuIsa isa = CpuIsa::automatic;
+  MatmulPrecision matmul_precision = MatmulPrecision::compute;
 };
 
 // Inputs. Two layouts, chosen by the rank of q:

@@ -31,6 +31,8 @@ struct LayerOptions {
   int chunk_size = 64;
   int threads = 0;  // 0 = default_threads()
   CpuIsa isa = CpuIsa::automatic;
+  // Of the gated delta rule's matrix products (gdn/forward.h).
+  MatmulPrecision matmul_precision = MatmulPrecision::compute;
 };
 
 // Inputs, packed layout (sequences back to back; cu_seqlens as in gdn/forward.h). One float

@@ -16,6 +16,10 @@ Dims ForwardShape::state_sizes() const { return {num_seqs, hv, dk, dv}; }
 Dims ForwardShape::chunk_states_sizes() const { return {total_chunks, hv, dk, dv}; }
 Dims ForwardShape::t_inv_sizes() const { return {total_chunks, hv, chunk_size, chunk_size}; }
 
+const char* matmul_precision_name(MatmulPrecision precision) {
+  return precision == MatmulPrecision::bf16 ? "bf16" : "compute";
+}
+
 ForwardShape forward_shape(const ForwardInputs& inputs, const ForwardOptions& options) {
   return detail::validate_inputs(inputs, options, nullptr);
 }

@@ -134,6 +134,7 @@ ForwardOptions core_options(const LayerOptions& o) {
   f.chunk_size = o.chunk_size;
   f.threads = o.threads;
   f.isa = o.isa;
+  f.matmul_precision = o.matmul_precision;
   return f;
 }
 

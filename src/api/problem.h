@@ -51,6 +51,7 @@ struct ForwardProblem {
   int chunk_size = 64;
   int threads = 1;
   Algorithm algorithm = Algorithm::automatic;
+  bool bf16_operands = false;  // MatmulPrecision::bf16
 
   const Sequence* seqs = nullptr;  // shape.num_seqs of them
 

@@ -362,6 +362,7 @@ void set_forward_inputs(const ForwardInputs& in, const ForwardOptions& options,
   p->chunk_size = static_cast<int>(p->shape.chunk_size);  // options.chunk_size or the plan's
   p->threads = options.threads;
   p->algorithm = options.algorithm;
+  p->bf16_operands = options.matmul_precision == MatmulPrecision::bf16;
   p->seqs = sequences.data();
   p->q = token_tensor(in.q, batched, true);
   p->k = token_tensor(in.k, batched, true);
@@ -525,6 +526,23 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
       options.isa != CpuIsa::avx2 && options.isa != CpuIsa::avx512) {
     fail("options.isa", "automatic, generic, avx2 or avx512",
          std::to_string(static_cast<int>(options.isa)));
+  }
+  if (options.matmul_precision != MatmulPrecision::compute &&
+      options.matmul_precision != MatmulPrecision::bf16) {
+    fail("options.matmul_precision", "compute or bf16",
+         std::to_string(static_cast<int>(options.matmul_precision)));
+  }
+  if (options.matmul_precision == MatmulPrecision::bf16) {
+    if (shape.compute_dtype != DType::f32) {
+      fail("options.matmul_precision",
+           "compute for float64 inputs (bf16 operands need float32 compute)", "bf16");
+    }
+    if (options.algorithm == Algorithm::recurrent) {
+      fail("options.matmul_precision",
+           "compute with options.algorithm = recurrent (the token recurrence has no matrix "
+           "products)",
+           "bf16");
+    }
   }
   return shape;
 }

@@ -120,7 +120,7 @@ void bwd_recompute(const detail::BackwardProblem& bp, const detail::Sequence& se
   clock.lap(bp.t_inv.data != nullptr ? Stage::residuals : Stage::solve);
   const Real* ks = b.x + n * l.dvp;
   gemm<Real, false>(n, l.dvp, p.shape.dk, b.qk + n * l.dkp, l.dkp, 1, state, l.dvp, b.x + n * l.dvp,
-                    l.dvp);
+                    l.dvp, 1, kFull, b.bf16);
   for (std::int64_t i = 0; i < n; ++i) {
     Real* u0 = b.v + i * l.dvp;
     Real* r = w.r + i * l.dvp;
@@ -131,7 +131,7 @@ void bwd_recompute(const detail::BackwardProblem& bp, const detail::Sequence& se
       store(r + j, u * beta_i);
     }
   }
-  gemm<Real, false>(n, l.dvp, n, b.a, l.cp, 1, w.r, l.dvp, b.vnew, l.dvp, 1, kLowerA);
+  gemm<Real, false>(n, l.dvp, n, b.a, l.cp, 1, w.r, l.dvp, b.vnew, l.dvp, 1, kLowerA, b.bf16);
   clock.lap(Stage::recompute);
   for (std::int64_t i = 0; i < n; ++i) {
     gather_row(w.dodr + i * l.dvp, token_at<In>(bp.d_o, seq, t0 + i, h), bp.d_o.dim, p.shape.dv,
@@ -158,8 +158,10 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
   const Real* k = b.qk + n * l.dkp;
 
   // bwd_values.
-  gemm<Real, false>(n, l.dvp, dk, k, l.dkp, 1, ds, l.dvp, kds, l.dvp);                  // K dS'
-  gemm<Real, false>(n, l.dvp, n, b.pl, 1, l.cp, d_o, l.dvp, w.dvn, l.dvp, 1, kUpperA);  // P^T dO
+  const bool bf16 = b.bf16;
+  gemm<Real, false>(n, l.dvp, dk, k, l.dkp, 1, ds, l.dvp, kds, l.dvp, 1, kFull, bf16);  // K dS'
+  gemm<Real, false>(n, l.dvp, n, b.pl, 1, l.cp, d_o, l.dvp, w.dvn, l.dvp, 1, kUpperA,
+                    bf16);  // P^T dO
   for (std::int64_t i = 0; i < n; ++i) {
     w.dd[i] = dot(kds + i * l.dvp, b.vnew + i * l.dvp, l.dvp);
     const Real d_i = b.decay_to_end[i];
@@ -167,10 +169,13 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
     for (std::int64_t j = 0; j < l.dvp; j += W)
       store(dvn + j, load(dvn + j) + load(kds + i * l.dvp + j) * d_i);
   }
-  gemm<Real, false>(n, l.dvp, n, b.a, 1, l.cp, w.dvn, l.dvp, dr, l.dvp, 1, kUpperA);  // A^T dV_new
+  gemm<Real, false>(n, l.dvp, n, b.a, 1, l.cp, w.dvn, l.dvp, dr, l.dvp, 1, kUpperA,
+                    bf16);  // A^T dV_new
   transpose_into(b.vnew, n, l.dvp, dv, w.vnt, l.cp, l.cp);
-  gemm<Real, false>(n, l.cp, dv, d_o, l.dvp, 1, w.vnt, l.cp, w.dpl, l.cp, 1, kLowerC);  // dP
-  gemm<Real, false>(n, l.cp, dv, dr, l.dvp, 1, w.vnt, l.cp, w.dpl + n * l.cp, l.cp, 1, kLowerC);
+  gemm<Real, false>(n, l.cp, dv, d_o, l.dvp, 1, w.vnt, l.cp, w.dpl, l.cp, 1, kLowerC,
+                    bf16);  // dP
+  gemm<Real, false>(n, l.cp, dv, dr, l.dvp, 1, w.vnt, l.cp, w.dpl + n * l.cp, l.cp, 1, kLowerC,
+                    bf16);
   clock.lap(Stage::values);
 
   // M = [e dO; -beta e dR] (over X: K S is no longer needed) and Y = M S^T, the start of this
@@ -184,7 +189,8 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
     }
   }
   transpose_into(state, dk, l.dvp, dv, w.st, l.dkp, l.dkp);
-  gemm<Real, false>(2 * n, l.dkp, dv, m, l.dvp, 1, w.st, l.dkp, w.y, l.dkp);  // M S^T
+  gemm<Real, false>(2 * n, l.dkp, dv, m, l.dvp, 1, w.st, l.dkp, w.y, l.dkp, 1, kFull,
+                    bf16);  // M S^T
   clock.lap(Stage::mst);
 
   // bwd_gates. H = dP . P + dB . B (strict lower: the diagonal's d/dG_i and d/dG_j cancel);
@@ -265,19 +271,23 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
   Real* dkk = w.y + n * l.dkp;
   const Real* dpg = w.dpl;
   const Real* dbg = w.dpl + n * l.cp;
-  gemm<Real, true>(n, l.dkp, n, dpg, l.cp, 1, k, l.dkp, dq, l.dkp, 1, kLowerA);   // dP.G K
-  gemm<Real, true>(n, l.dkp, n, dpg, 1, l.cp, q, l.dkp, dkk, l.dkp, 1, kUpperA);  // (dP.G)^T Q~
-  gemm<Real, true>(n, l.dkp, n, dbg, l.cp, 1, k, l.dkp, dkk, l.dkp, 1, kLowerA);  // dB.G K
-  gemm<Real, true>(n, l.dkp, n, dbg, 1, l.cp, k, l.dkp, dkk, l.dkp, 1, kUpperA);  // (dB.G)^T K
+  gemm<Real, true>(n, l.dkp, n, dpg, l.cp, 1, k, l.dkp, dq, l.dkp, 1, kLowerA, bf16);  // dP.G K
+  gemm<Real, true>(n, l.dkp, n, dpg, 1, l.cp, q, l.dkp, dkk, l.dkp, 1, kUpperA,
+                   bf16);  // (dP.G)^T Q~
+  gemm<Real, true>(n, l.dkp, n, dbg, l.cp, 1, k, l.dkp, dkk, l.dkp, 1, kLowerA,
+                   bf16);  // dB.G K
+  gemm<Real, true>(n, l.dkp, n, dbg, 1, l.cp, k, l.dkp, dkk, l.dkp, 1, kUpperA,
+                   bf16);  // (dB.G)^T K
   transpose_into(ds, dk, l.dvp, dv, w.dst, l.dkp, l.dkp);
   for (std::int64_t i = 0; i < n; ++i) scale_row(b.vnew + i * l.dvp, l.dvp, b.decay_to_end[i]);
-  gemm<Real, true>(n, l.dkp, dv, b.vnew, l.dvp, 1, w.dst, l.dkp, dkk, l.dkp);  // (d V_new) dS'^T
+  gemm<Real, true>(n, l.dkp, dv, b.vnew, l.dvp, 1, w.dst, l.dkp, dkk, l.dkp, 1, kFull,
+                   bf16);  // (d V_new) dS'^T
   for (std::int64_t e = 0; e < 2 * n * l.dkp; e += W)
     store(w.dqk + e, load(w.dqk + e) + load(w.y + e));
   clock.lap(Stage::dqk);
 
   // bwd_state: dS = e^G_last dS' + [Q~; K]^T M.
-  gemm<Real, true>(dk, l.dvp, 2 * n, b.qk, 1, l.dkp, m, l.dvp, ds, l.dvp, gamma_last);
+  gemm<Real, true>(dk, l.dvp, 2 * n, b.qk, 1, l.dkp, m, l.dvp, ds, l.dvp, gamma_last, kFull, bf16);
   clock.lap(Stage::dstate);
 }
 
@@ -330,6 +340,7 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
   const ChunkedLayout& l = lb.fwd;
   BackwardBuffers<Real> w(workspace, lb);
   ChunkBuffers<Real>& b = w.c;
+  b.bf16 = p.bf16_operands;
   const std::int64_t state_size = dk * l.dvp;
   StageClock clock;
   // Rebuilt states: checkpoint i (entering chunk i * segment) of head j at slot i, the states

@@ -44,6 +44,8 @@ struct ChunkBuffers {
   // forward leaves these null.
   Real* gamma = nullptr;
   Real* bmat = nullptr;
+  // Matrix products with bf16 operands (ForwardProblem::bf16_operands; gemm-inl.h).
+  bool bf16 = false;
 
   ChunkBuffers() = default;
   ChunkBuffers(std::byte* workspace, const ChunkedLayout& l) {
@@ -90,9 +92,9 @@ void chunk_pack_qk(const detail::ForwardProblem& p, const detail::Sequence& seq,
 // left unwritten and never read unmasked).
 template <class Real>
 void chunk_gram(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
-  gemm<Real, false>(n, l.cp, dk, b.qk, l.dkp, 1, b.kt, l.cp, b.gram, l.cp, 1, kLowerC);
+  gemm<Real, false>(n, l.cp, dk, b.qk, l.dkp, 1, b.kt, l.cp, b.gram, l.cp, 1, kLowerC, b.bf16);
   gemm<Real, false>(n, l.cp, dk, b.qk + n * l.dkp, l.dkp, 1, b.kt, l.cp, b.gram + n * l.cp, l.cp, 1,
-                    kLowerC);
+                    kLowerC, b.bf16);
 }
 
 // Gathers value head h's rows of the chunk: V (In), beta, g (Real), G and e^G. Padding is zero.
@@ -198,10 +200,10 @@ template <class Real>
 void chunk_wy(std::int64_t n, std::int64_t dk, const Real* state, const ChunkedLayout& l,
               ChunkBuffers<Real>& b, bool with_q = true) {
   if (with_q) {
-    gemm<Real, false>(2 * n, l.dvp, dk, b.qk, l.dkp, 1, state, l.dvp, b.x, l.dvp);
+    gemm<Real, false>(2 * n, l.dvp, dk, b.qk, l.dkp, 1, state, l.dvp, b.x, l.dvp, 1, kFull, b.bf16);
   } else {
     gemm<Real, false>(n, l.dvp, dk, b.qk + n * l.dkp, l.dkp, 1, state, l.dvp, b.x + n * l.dvp,
-                      l.dvp);
+                      l.dvp, 1, kFull, b.bf16);
   }
   const Real* ks = b.x + n * l.dvp;
   for (std::int64_t i = 0; i < n; ++i) {
@@ -212,14 +214,14 @@ void chunk_wy(std::int64_t n, std::int64_t dk, const Real* state, const ChunkedL
       store(r + j, (load(r + j) - load(ksi + j) * eg_i) * beta_i);
     }
   }
-  gemm<Real, false>(n, l.dvp, n, b.a, l.cp, 1, b.v, l.dvp, b.vnew, l.dvp, 1, kLowerA);
+  gemm<Real, false>(n, l.dvp, n, b.a, l.cp, 1, b.v, l.dvp, b.vnew, l.dvp, 1, kLowerA, b.bf16);
 }
 
 // O (in rows 0..n-1 of X) = diag(e^G) Q S + P V_new.
 template <class Real>
 void chunk_output(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
   for (std::int64_t i = 0; i < n; ++i) scale_row(b.x + i * l.dvp, l.dvp, b.eG[i]);
-  gemm<Real, true>(n, l.dvp, n, b.pl, l.cp, 1, b.vnew, l.dvp, b.x, l.dvp, 1, kLowerA);
+  gemm<Real, true>(n, l.dvp, n, b.pl, l.cp, 1, b.vnew, l.dvp, b.x, l.dvp, 1, kLowerA, b.bf16);
 }
 
 // S = e^(G_last) S + K^T diag(e^(G_last - G)) V_new  (V_new is scaled in place).
@@ -229,7 +231,8 @@ void chunk_state(std::int64_t n, std::int64_t dk, Real* state, const ChunkedLayo
   for (std::int64_t i = 0; i < n; ++i) scale_row(b.vnew + i * l.dvp, l.dvp, b.decay_to_end[i]);
   const Real* k = b.qk + n * l.dkp;
   // A(i, p) = K[p][i]: a_row = 1, a_col = dkp.
-  gemm<Real, true>(dk, l.dvp, n, k, 1, l.dkp, b.vnew, l.dvp, state, l.dvp, b.eG[n - 1]);
+  gemm<Real, true>(dk, l.dvp, n, k, 1, l.dkp, b.vnew, l.dvp, state, l.dvp, b.eG[n - 1], kFull,
+                   b.bf16);
 }
 
 // Value heads [h0, h0 + heads) of sequence s, all reading key head h0 / group. q, k, v and o
@@ -241,6 +244,7 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
   const std::int64_t dk = p.shape.dk, dv = p.shape.dv, c = p.chunk_size;
   const ChunkedLayout l = chunked_layout(dk, dv, c, heads);
   ChunkBuffers<Real> b(workspace, l);
+  b.bf16 = p.bf16_operands;
   const std::int64_t state_size = dk * l.dvp;
   StageClock clock;
   // Residuals larger than a cache go out with non-temporal stores: no read of each line before

@@ -20,7 +20,31 @@ enum GemmShape : unsigned {
                 // tile starts at its first row
 };
 
-template <class Real, int MR, int NV, bool Accumulate>
+// x rounded to the nearest bf16 value (ties to even), as float: the low 16 bits cleared after
+// adding half an ulp of bf16. A NaN stays a NaN (made quiet, its top payload bits kept: what
+// narrow_bf16 and widen_bf16 give).
+inline Vec<float> round_to_bf16(Vec<float> x) {
+  WideBits w;
+  __builtin_memcpy(&w, &x, sizeof w);
+  const WideBits magnitude = w & 0x7fffffffu;
+  const WideBits rounded = (w + 0x7fffu + ((w >> 16) & 1u)) & 0xffff0000u;
+  const WideBits nan = (w & 0xffff0000u) | 0x00400000u;
+  const WideBits r = magnitude > 0x7f800000u ? nan : rounded;
+  Vec<float> y;
+  __builtin_memcpy(&y, &r, sizeof y);
+  return y;
+}
+
+template <class Real, bool Bf16>
+inline Vec<Real> gemm_operand(Vec<Real> x) {
+  if constexpr (Bf16) {
+    return round_to_bf16(x);
+  } else {
+    return x;
+  }
+}
+
+template <class Real, int MR, int NV, bool Accumulate, bool Bf16>
 inline void gemm_tile(std::int64_t kdim, const Real* a, std::int64_t a_row, std::int64_t a_col,
                       const Real* b, std::int64_t ldb, Real* c, std::int64_t ldc, Real c_scale) {
   constexpr int L = kLanes<Real>;
@@ -39,12 +63,18 @@ inline void gemm_tile(std::int64_t kdim, const Real* a, std::int64_t a_row, std:
   for (std::int64_t p = 0; p < kdim; ++p) {
     Vec<Real> bv[NV];
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) bv[v] = load(b + p * ldb + v * L);
+    for (int v = 0; v < NV; ++v) bv[v] = gemm_operand<Real, Bf16>(load(b + p * ldb + v * L));
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      const Real ar = a[r * a_row + p * a_col];
+      if constexpr (Bf16) {
+        const Vec<Real> ar = gemm_operand<Real, Bf16>(Vec<Real>{} + a[r * a_row + p * a_col]);
 #pragma GCC unroll 16
-      for (int v = 0; v < NV; ++v) acc[r][v] += ar * bv[v];
+        for (int v = 0; v < NV; ++v) acc[r][v] += ar * bv[v];
+      } else {
+        const Real ar = a[r * a_row + p * a_col];
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; ++v) acc[r][v] += ar * bv[v];
+      }
     }
   }
 #pragma GCC unroll 16
@@ -54,31 +84,31 @@ inline void gemm_tile(std::int64_t kdim, const Real* a, std::int64_t a_row, std:
 }
 
 // Picks the tile for a remainder of mr <= MR rows and nv <= NV vectors.
-template <class Real, int MR, int NV, bool Accumulate>
+template <class Real, int MR, int NV, bool Accumulate, bool Bf16>
 inline void gemm_tile_dispatch(int mr, int nv, std::int64_t kdim, const Real* a, std::int64_t a_row,
                                std::int64_t a_col, const Real* b, std::int64_t ldb, Real* c,
                                std::int64_t ldc, Real c_scale) {
   if constexpr (MR > 1) {
     if (mr < MR) {
-      gemm_tile_dispatch<Real, MR - 1, NV, Accumulate>(mr, nv, kdim, a, a_row, a_col, b, ldb, c,
-                                                       ldc, c_scale);
+      gemm_tile_dispatch<Real, MR - 1, NV, Accumulate, Bf16>(mr, nv, kdim, a, a_row, a_col, b, ldb,
+                                                             c, ldc, c_scale);
       return;
     }
   }
   if constexpr (NV > 1) {
     if (nv < NV) {
-      gemm_tile_dispatch<Real, MR, NV - 1, Accumulate>(mr, nv, kdim, a, a_row, a_col, b, ldb, c,
-                                                       ldc, c_scale);
+      gemm_tile_dispatch<Real, MR, NV - 1, Accumulate, Bf16>(mr, nv, kdim, a, a_row, a_col, b, ldb,
+                                                             c, ldc, c_scale);
       return;
     }
   }
-  gemm_tile<Real, MR, NV, Accumulate>(kdim, a, a_row, a_col, b, ldb, c, ldc, c_scale);
+  gemm_tile<Real, MR, NV, Accumulate, Bf16>(kdim, a, a_row, a_col, b, ldb, c, ldc, c_scale);
 }
 
-template <class Real, bool Accumulate>
-void gemm(std::int64_t m, std::int64_t n, std::int64_t kdim, const Real* a, std::int64_t a_row,
-          std::int64_t a_col, const Real* b, std::int64_t ldb, Real* c, std::int64_t ldc,
-          Real c_scale = 1, unsigned shape = kFull) {
+template <class Real, bool Accumulate, bool Bf16>
+void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t kdim, const Real* a,
+                 std::int64_t a_row, std::int64_t a_col, const Real* b, std::int64_t ldb, Real* c,
+                 std::int64_t ldc, Real c_scale, unsigned shape) {
   constexpr int L = kLanes<Real>;
   constexpr int MR = GDN_GEMM_MR, NV = GDN_GEMM_NV;
   const std::int64_t nvec = n / L;
@@ -91,9 +121,23 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t kdim, const Real* a, std:
       if ((shape & kLowerC) && j * L > i + mr - 1) continue;
       const std::int64_t k_end = (shape & kLowerA) ? min64(kdim, i + mr) : kdim;
       const std::int64_t k_begin = (shape & kUpperA) ? min64(i, k_end) : 0;
-      gemm_tile_dispatch<Real, MR, NV, Accumulate>(
+      gemm_tile_dispatch<Real, MR, NV, Accumulate, Bf16>(
           mr, nv, k_end - k_begin, a + i * a_row + k_begin * a_col, a_row, a_col,
           b + k_begin * ldb + j * L, ldb, c + i * ldc + j * L, ldc, c_scale);
     }
   }
+}
+
+template <class Real, bool Accumulate>
+void gemm(std::int64_t m, std::int64_t n, std::int64_t kdim, const Real* a, std::int64_t a_row,
+          std::int64_t a_col, const Real* b, std::int64_t ldb, Real* c, std::int64_t ldc,
+          Real c_scale = 1, unsigned shape = kFull, bool bf16_operands = false) {
+  if constexpr (sizeof(Real) == 4) {
+    if (bf16_operands) {
+      gemm_panels<Real, Accumulate, true>(m, n, kdim, a, a_row, a_col, b, ldb, c, ldc, c_scale,
+                                          shape);
+      return;
+    }
+  }
+  gemm_panels<Real, Accumulate, false>(m, n, kdim, a, a_row, a_col, b, ldb, c, ldc, c_scale, shape);
 }

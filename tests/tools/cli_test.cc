@@ -432,6 +432,54 @@ TEST_F(Cli, LayerBackwardRoundTripEqualsLibrary) {
                                   "reference d_A_log.npy"));
 }
 
+// --matmul bf16 reaches the library option in the forward, backward and layer commands (the
+// files equal the library's bf16-operand results, which differ from float32 operands); a bad
+// value or float64 inputs are errors naming the option.
+TEST_F(Cli, MatmulOptionSelectsBf16Operands) {
+  const test::Problem p = write_inputs();
+  ForwardOptions options = p.options();
+  options.chunk_size = 32;
+  options.matmul_precision = MatmulPrecision::bf16;
+  const ForwardResult expected = chunk_gated_delta_rule_fwd(p.inputs(), options);
+  const Result run = gdn_cli("forward " + io() + " --l2norm --chunk-size 32 --matmul bf16");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const Tensor o = npy::load(path("out/o.npy"));
+  EXPECT_TRUE(test::bit_identical(o, expected.o, "o.npy"));
+  options.matmul_precision = MatmulPrecision::compute;
+  EXPECT_FALSE(test::bit_identical(o, chunk_gated_delta_rule_fwd(p.inputs(), options).o, "o.npy"));
+
+  const test::Cotangents c = test::make_cotangents(p, 32);
+  npy::save(path("in/do.npy"), c.d_o);
+  npy::save(path("in/dht.npy"), c.d_ht);
+  options.matmul_precision = MatmulPrecision::bf16;
+  const BackwardInputs in{
+      p.q.view(),  p.k.view(),          p.v.view(),   p.g.view(),    p.beta.view(),
+      p.h0.view(), p.cu_seqlens.view(), c.d_o.view(), c.d_ht.view(), {},
+      {}};
+  const BackwardResult grads = chunk_gated_delta_rule_bwd(in, options);
+  const Result bwd =
+      gdn_cli("backward " + io("grads") + " --l2norm --chunk-size 32 --matmul bf16 --quiet");
+  ASSERT_EQ(bwd.code, 0) << bwd.output;
+  EXPECT_TRUE(test::bit_identical(npy::load(path("grads/dk.npy")), grads.dk, "dk.npy"));
+  EXPECT_TRUE(test::bit_identical(npy::load(path("grads/dg.npy")), grads.dg, "dg.npy"));
+
+  const Result bad = gdn_cli("forward " + io() + " --matmul fp8");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("--matmul"), std::string::npos) << bad.output;
+  write_inputs(DType::f64);
+  const Result f64 = gdn_cli("forward " + io() + " --matmul bf16");
+  EXPECT_EQ(f64.code, 1);
+  EXPECT_NE(f64.output.find("options.matmul_precision"), std::string::npos) << f64.output;
+
+  const test::LayerProblem lp = write_layer_inputs();
+  LayerOptions lo = lp.options();
+  lo.matmul_precision = MatmulPrecision::bf16;
+  const LayerForwardResult layer = fused_gdn_fwd(lp.inputs(), lo);
+  const Result lrun = gdn_cli("layer-forward " + io("layer") + kHeads + " --matmul bf16 --quiet");
+  ASSERT_EQ(lrun.code, 0) << lrun.output;
+  EXPECT_TRUE(test::bit_identical(npy::load(path("layer/out.npy")), layer.out, "out.npy"));
+}
+
 TEST_F(Cli, LayerErrorsNameTheFileOrOption) {
   write_layer_inputs();
   const Result heads = gdn_cli("layer-forward " + io() + " --hk 2 --hv 4 --dk 16");

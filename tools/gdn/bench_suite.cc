@@ -187,7 +187,10 @@ void print_targets(std::FILE* out, const std::vector<Row>& rows,
   bf16_line("backward, bf16 mode: <= 1.4 us", bwd16);
   std::fprintf(out,
                "bf16 operands need a bf16 dot-product kernel (avx512_bf16), which this build "
-               "does not have: the bf16 rows run 16-bit activations with float32 products.\n");
+               "does not have: the bf16 rows run 16-bit activations with float32 products "
+               "(--matmul bf16 in gdn forward, backward and the layer commands gives the "
+               "numerics of bf16 operands on float32 registers, not their speed; "
+               "docs/numerics.md).\n");
   for (const auto* p : {forward, backward}) {
     if (p != nullptr) print_breakdown(out, p->first, p->second);
   }

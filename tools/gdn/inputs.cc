@@ -13,6 +13,7 @@ std::vector<OptionSpec> with_forward_options(std::vector<OptionSpec> first,
       {"l2norm", nullptr, "L2-normalise q and k inside the kernel"},
       {"scale", "S", "multiplier of q (default Dk^-1/2)"},
       {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+      {"matmul", "P", kMatmulHelp},
   };
   first.insert(first.end(), shared.begin(), shared.end());
   first.insert(first.end(), last.begin(), last.end());
@@ -26,7 +27,13 @@ ForwardOptions forward_options_from(const Args& args) {
   options.use_qk_l2norm = args.flag("l2norm");
   if (auto s = args.number("scale")) options.scale = *s;
   options.isa = isa_option(args);
+  options.matmul_precision = matmul_option(args);
   return options;
+}
+
+MatmulPrecision matmul_option(const Args& args) {
+  return args.choice("matmul", "compute", {"compute", "bf16"}) == "bf16" ? MatmulPrecision::bf16
+                                                                         : MatmulPrecision::compute;
 }
 
 namespace {
@@ -49,6 +56,7 @@ LayerOptions layer_options_from(const Args& args) {
   o.chunk_size = static_cast<int>(args.integer("chunk-size", 64, 0, 256));
   o.threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   o.isa = isa_option(args);
+  o.matmul_precision = matmul_option(args);
   return o;
 }
 

@@ -12,18 +12,26 @@
 namespace gdn::cli {
 
 // The options every command that runs the op takes: --chunk-size, --threads, --l2norm,
-// --scale and --isa, between the command's own `first` and `last` options.
+// --scale, --isa and --matmul, between the command's own `first` and `last` options.
 std::vector<OptionSpec> with_forward_options(std::vector<OptionSpec> first,
                                              const std::vector<OptionSpec>& last);
 
 // ForwardOptions from those options.
 ForwardOptions forward_options_from(const Args& args);
 
-// The layer op's options: --hk, --hv, --dk, --dv (required), --chunk-size, --threads, --isa.
+// The layer op's options: --hk, --hv, --dk, --dv (required), --chunk-size, --threads, --isa,
+// --matmul.
 LayerOptions layer_options_from(const Args& args);
 
 // The --isa option (auto, generic, avx2, avx512); auto is CpuIsa::automatic.
 CpuIsa isa_option(const Args& args);
+
+// The --matmul option (compute, bf16) and its help line.
+MatmulPrecision matmul_option(const Args& args);
+inline constexpr const char* kMatmulHelp =
+    "operands of the matrix products: compute (default) or bf16 (rounded to bf16, summed in "
+    "float32; float32 inputs only; numerics of bf16 operands, not their speed: "
+    "docs/numerics.md)";
 
 // What ran a command, for its report: "float64 reference" or "<isa> kernels".
 std::string engine_name(bool reference, CpuIsa isa);

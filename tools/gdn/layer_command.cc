@@ -96,6 +96,7 @@ std::vector<OptionSpec> layer_options(const std::vector<OptionSpec>& own) {
        "tokens per chunk of the gated delta rule, 1 to 256, or 0: the tiling plan's (default 64)"},
       {"threads", "N", "worker threads, 0 = all cores (default 0); results do not depend on it"},
       {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+      {"matmul", "P", kMatmulHelp},
   };
   options.insert(options.end(), own.begin(), own.end());
   options.push_back({"reference", nullptr, "run the float64 reference instead of the CPU kernels"});
