@@ -463,6 +463,10 @@ TEST_F(Cli, MatmulOptionSelectsBf16Operands) {
   EXPECT_TRUE(test::bit_identical(npy::load(path("grads/dk.npy")), grads.dk, "dk.npy"));
   EXPECT_TRUE(test::bit_identical(npy::load(path("grads/dg.npy")), grads.dg, "dg.npy"));
 
+  const Result with_ref = gdn_cli("forward " + io() + " --reference --matmul bf16");
+  EXPECT_EQ(with_ref.code, 2);
+  EXPECT_NE(with_ref.output.find("'--matmul' does not apply with --reference"), std::string::npos)
+      << with_ref.output;
   const Result bad = gdn_cli("forward " + io() + " --matmul fp8");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.output.find("--matmul"), std::string::npos) << bad.output;

@@ -72,6 +72,7 @@ int backward_command(int argc, char** argv) {
   ForwardOptions options = forward_options_from(args);
   const std::string policy = args.choice("policy", "auto", {"auto", "all", "t_inv", "none"});
   const bool reference = args.flag("reference");
+  reject_matmul_with_reference(args, reference);
   if (reference && args.has("policy")) {
     throw UsageError(
         "option '--policy' does not apply with --reference (it recomputes everything)");

@@ -67,6 +67,7 @@ int forward_command(int argc, char** argv) {
                       : algorithm == "recurrent" ? Algorithm::recurrent
                                                  : Algorithm::automatic;
   const bool reference = args.flag("reference");
+  reject_matmul_with_reference(args, reference);
   const bool residuals = args.flag("residuals");
   if (reference && args.has("algorithm")) {
     throw UsageError("option '--algorithm' does not apply with --reference");

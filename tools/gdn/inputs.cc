@@ -36,6 +36,14 @@ MatmulPrecision matmul_option(const Args& args) {
                                                                          : MatmulPrecision::compute;
 }
 
+void reject_matmul_with_reference(const Args& args, bool reference) {
+  if (reference && args.has("matmul")) {
+    throw UsageError(
+        "option '--matmul' does not apply with --reference (every product of the reference is "
+        "float64)");
+  }
+}
+
 namespace {
 
 std::int64_t required_integer(const Args& args, const char* name, std::int64_t max) {

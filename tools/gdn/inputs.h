@@ -33,6 +33,9 @@ inline constexpr const char* kMatmulHelp =
     "float32; float32 inputs only; numerics of bf16 operands, not their speed: "
     "docs/numerics.md)";
 
+// With --reference, --matmul is a usage error (every product of the reference is float64).
+void reject_matmul_with_reference(const Args& args, bool reference);
+
 // What ran a command, for its report: "float64 reference" or "<isa> kernels".
 std::string engine_name(bool reference, CpuIsa isa);
 

@@ -182,6 +182,7 @@ int layer_forward_command(int argc, char** argv) {
   const std::filesystem::path out_dir = args.required_text("out");
   const LayerOptions options = layer_options_from(args);
   const bool reference = args.flag("reference");
+  reject_matmul_with_reference(args, reference);
   const bool residuals = args.flag("residuals");
   if (reference && residuals) {
     throw UsageError(
@@ -229,6 +230,7 @@ int layer_backward_command(int argc, char** argv) {
   const std::filesystem::path out_dir = args.required_text("out");
   const LayerOptions options = layer_options_from(args);
   const bool reference = args.flag("reference");
+  reject_matmul_with_reference(args, reference);
   const std::string policy = args.choice("policy", "auto", {"auto", "all", "t_inv", "none"});
   if (reference && args.has("policy")) {
     throw UsageError(
