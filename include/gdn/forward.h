@@ -27,13 +27,13 @@ enum class Algorithm : std::uint8_t {
 // The operands of the chunked form's matrix products (docs/numerics.md "bf16 matrix operands").
 enum class MatmulPrecision : std::uint8_t {
   compute,  // the compute dtype (float32, or float64 for float64 inputs)
-  bf16,     // both operands of every matrix product rounded to bf16 (nearest even) as they
-            // are read; products summed in float32; state, gates, decay, the T^-1 solve and
+  bf16,     // both operands of every matrix product rounded to bf16 (nearest even) before
+            // it runs; products summed in float32; state, gates, decay, the T^-1 solve and
             // every element-wise step stay float32. float32 compute only. The token recurrence
             // (Algorithm::recurrent, and sequences shorter than the chunk size under automatic)
             // keeps float32 products. This build has no bf16 dot-product kernel: the rounding is
             // done on float32 registers, so it gives the numerics of bf16 operands, not their
-            // speed (slower than compute; docs/perf.md).
+            // speed (1.1-1.25x the time of compute; docs/numerics.md).
 };
 
 // "compute", "bf16".

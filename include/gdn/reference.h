@@ -2,8 +2,8 @@
 //
 // Plain loops in float64, whatever the input dtype (inputs are converted up exactly). Same
 // arguments, layouts and validation as gdn::chunk_gated_delta_rule_fwd, except that every
-// output must be f64. `options.isa` and `options.algorithm` are ignored, and so is
-// `options.matmul_precision` once validated (every product is float64); `options.threads`
+// output must be f64. `options.isa`, `options.algorithm` and `options.matmul_precision` are
+// ignored (every product is float64); `options.threads`
 // parallelises over (sequence, value head), which does not change a bit of the result.
 //
 //   recurrent_fwd: the token recurrence, the definition of the op. It can write chunk_states

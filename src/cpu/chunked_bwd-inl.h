@@ -158,7 +158,7 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
   const Real* k = b.qk + n * l.dkp;
 
   // bwd_values.
-  const bool bf16 = b.bf16;
+  Real* const bf16 = b.bf16;
   gemm<Real, false>(n, l.dvp, dk, k, l.dkp, 1, ds, l.dvp, kds, l.dvp, 1, kFull, bf16);  // K dS'
   gemm<Real, false>(n, l.dvp, n, b.pl, 1, l.cp, d_o, l.dvp, w.dvn, l.dvp, 1, kUpperA,
                     bf16);  // P^T dO
@@ -340,7 +340,7 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
   const ChunkedLayout& l = lb.fwd;
   BackwardBuffers<Real> w(workspace, lb);
   ChunkBuffers<Real>& b = w.c;
-  b.bf16 = p.bf16_operands;
+  if (p.bf16_operands) b.bf16 = reinterpret_cast<Real*>(workspace) + lb.total;
   const std::int64_t state_size = dk * l.dvp;
   StageClock clock;
   // Rebuilt states: checkpoint i (entering chunk i * segment) of head j at slot i, the states

@@ -44,8 +44,9 @@ struct ChunkBuffers {
   // forward leaves these null.
   Real* gamma = nullptr;
   Real* bmat = nullptr;
-  // Matrix products with bf16 operands (ForwardProblem::bf16_operands; gemm-inl.h).
-  bool bf16 = false;
+  // Scratch for bf16 matrix operands (ForwardProblem::bf16_operands; gemm-inl.h), after the
+  // layout; null: operands in the compute type.
+  Real* bf16 = nullptr;
 
   ChunkBuffers() = default;
   ChunkBuffers(std::byte* workspace, const ChunkedLayout& l) {
@@ -244,7 +245,7 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
   const std::int64_t dk = p.shape.dk, dv = p.shape.dv, c = p.chunk_size;
   const ChunkedLayout l = chunked_layout(dk, dv, c, heads);
   ChunkBuffers<Real> b(workspace, l);
-  b.bf16 = p.bf16_operands;
+  if (p.bf16_operands) b.bf16 = reinterpret_cast<Real*>(workspace) + l.total;
   const std::int64_t state_size = dk * l.dvp;
   StageClock clock;
   // Residuals larger than a cache go out with non-temporal stores: no read of each line before

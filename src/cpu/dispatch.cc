@@ -85,7 +85,9 @@ const KernelTable& kernel_table(CpuIsa isa) {
 
 std::size_t forward_workspace_bytes(const detail::ForwardProblem& p, std::int64_t heads) {
   const std::int64_t elem = static_cast<std::int64_t>(dtype_size(p.shape.compute_dtype));
-  const std::int64_t chunked = chunked_layout(p.shape.dk, p.shape.dv, p.chunk_size, heads).total;
+  const std::int64_t chunked =
+      chunked_layout(p.shape.dk, p.shape.dv, p.chunk_size, heads).total +
+      (p.bf16_operands ? bf16_scratch_elements(p.shape.dk, p.shape.dv, p.chunk_size) : 0);
   const std::int64_t recurrent = recurrent_layout(p.shape.dk, p.shape.dv).total;
   return static_cast<std::size_t>((chunked > recurrent ? chunked : recurrent) * elem);
 }
@@ -94,8 +96,13 @@ std::size_t backward_workspace_bytes(const detail::BackwardProblem& p, std::int6
                                      std::int64_t chunks, std::int64_t segment) {
   const std::int64_t elem = static_cast<std::int64_t>(dtype_size(p.fwd.shape.compute_dtype));
   const std::int64_t slots = segment == 0 ? 0 : (chunks + segment - 1) / segment + segment;
+  const std::int64_t scratch =
+      p.fwd.bf16_operands ? bf16_scratch_elements(p.fwd.shape.dk, p.fwd.shape.dv, p.fwd.chunk_size)
+                          : 0;
   return static_cast<std::size_t>(
-      backward_layout(p.fwd.shape.dk, p.fwd.shape.dv, p.fwd.chunk_size, heads, slots).total * elem);
+      (backward_layout(p.fwd.shape.dk, p.fwd.shape.dv, p.fwd.chunk_size, heads, slots).total +
+       scratch) *
+      elem);
 }
 
 std::size_t conv_workspace_bytes(const detail::ConvProblem& p, bool backward) {

@@ -20,31 +20,7 @@ enum GemmShape : unsigned {
                 // tile starts at its first row
 };
 
-// x rounded to the nearest bf16 value (ties to even), as float: the low 16 bits cleared after
-// adding half an ulp of bf16. A NaN stays a NaN (made quiet, its top payload bits kept: what
-// narrow_bf16 and widen_bf16 give).
-inline Vec<float> round_to_bf16(Vec<float> x) {
-  WideBits w;
-  __builtin_memcpy(&w, &x, sizeof w);
-  const WideBits magnitude = w & 0x7fffffffu;
-  const WideBits rounded = (w + 0x7fffu + ((w >> 16) & 1u)) & 0xffff0000u;
-  const WideBits nan = (w & 0xffff0000u) | 0x00400000u;
-  const WideBits r = magnitude > 0x7f800000u ? nan : rounded;
-  Vec<float> y;
-  __builtin_memcpy(&y, &r, sizeof y);
-  return y;
-}
-
-template <class Real, bool Bf16>
-inline Vec<Real> gemm_operand(Vec<Real> x) {
-  if constexpr (Bf16) {
-    return round_to_bf16(x);
-  } else {
-    return x;
-  }
-}
-
-template <class Real, int MR, int NV, bool Accumulate, bool Bf16>
+template <class Real, int MR, int NV, bool Accumulate>
 inline void gemm_tile(std::int64_t kdim, const Real* a, std::int64_t a_row, std::int64_t a_col,
                       const Real* b, std::int64_t ldb, Real* c, std::int64_t ldc, Real c_scale) {
   constexpr int L = kLanes<Real>;
@@ -63,18 +39,12 @@ inline void gemm_tile(std::int64_t kdim, const Real* a, std::int64_t a_row, std:
   for (std::int64_t p = 0; p < kdim; ++p) {
     Vec<Real> bv[NV];
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) bv[v] = gemm_operand<Real, Bf16>(load(b + p * ldb + v * L));
+    for (int v = 0; v < NV; ++v) bv[v] = load(b + p * ldb + v * L);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      if constexpr (Bf16) {
-        const Vec<Real> ar = gemm_operand<Real, Bf16>(Vec<Real>{} + a[r * a_row + p * a_col]);
+      const Real ar = a[r * a_row + p * a_col];
 #pragma GCC unroll 16
-        for (int v = 0; v < NV; ++v) acc[r][v] += ar * bv[v];
-      } else {
-        const Real ar = a[r * a_row + p * a_col];
-#pragma GCC unroll 16
-        for (int v = 0; v < NV; ++v) acc[r][v] += ar * bv[v];
-      }
+      for (int v = 0; v < NV; ++v) acc[r][v] += ar * bv[v];
     }
   }
 #pragma GCC unroll 16
@@ -84,28 +54,28 @@ inline void gemm_tile(std::int64_t kdim, const Real* a, std::int64_t a_row, std:
 }
 
 // Picks the tile for a remainder of mr <= MR rows and nv <= NV vectors.
-template <class Real, int MR, int NV, bool Accumulate, bool Bf16>
+template <class Real, int MR, int NV, bool Accumulate>
 inline void gemm_tile_dispatch(int mr, int nv, std::int64_t kdim, const Real* a, std::int64_t a_row,
                                std::int64_t a_col, const Real* b, std::int64_t ldb, Real* c,
                                std::int64_t ldc, Real c_scale) {
   if constexpr (MR > 1) {
     if (mr < MR) {
-      gemm_tile_dispatch<Real, MR - 1, NV, Accumulate, Bf16>(mr, nv, kdim, a, a_row, a_col, b, ldb,
-                                                             c, ldc, c_scale);
+      gemm_tile_dispatch<Real, MR - 1, NV, Accumulate>(mr, nv, kdim, a, a_row, a_col, b, ldb, c,
+                                                       ldc, c_scale);
       return;
     }
   }
   if constexpr (NV > 1) {
     if (nv < NV) {
-      gemm_tile_dispatch<Real, MR, NV - 1, Accumulate, Bf16>(mr, nv, kdim, a, a_row, a_col, b, ldb,
-                                                             c, ldc, c_scale);
+      gemm_tile_dispatch<Real, MR, NV - 1, Accumulate>(mr, nv, kdim, a, a_row, a_col, b, ldb, c,
+                                                       ldc, c_scale);
       return;
     }
   }
-  gemm_tile<Real, MR, NV, Accumulate, Bf16>(kdim, a, a_row, a_col, b, ldb, c, ldc, c_scale);
+  gemm_tile<Real, MR, NV, Accumulate>(kdim, a, a_row, a_col, b, ldb, c, ldc, c_scale);
 }
 
-template <class Real, bool Accumulate, bool Bf16>
+template <class Real, bool Accumulate>
 void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t kdim, const Real* a,
                  std::int64_t a_row, std::int64_t a_col, const Real* b, std::int64_t ldb, Real* c,
                  std::int64_t ldc, Real c_scale, unsigned shape) {
@@ -121,23 +91,69 @@ void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t kdim, const Real* 
       if ((shape & kLowerC) && j * L > i + mr - 1) continue;
       const std::int64_t k_end = (shape & kLowerA) ? min64(kdim, i + mr) : kdim;
       const std::int64_t k_begin = (shape & kUpperA) ? min64(i, k_end) : 0;
-      gemm_tile_dispatch<Real, MR, NV, Accumulate, Bf16>(
+      gemm_tile_dispatch<Real, MR, NV, Accumulate>(
           mr, nv, k_end - k_begin, a + i * a_row + k_begin * a_col, a_row, a_col,
           b + k_begin * ldb + j * L, ldb, c + i * ldc + j * L, ldc, c_scale);
     }
   }
 }
 
+// x rounded to the nearest bf16 value (ties to even), as float: the low 16 bits cleared after
+// adding half an ulp of bf16. A NaN stays a NaN (made quiet, its top payload bits kept: what
+// narrow_bf16 and widen_bf16 give); a value past bf16's largest rounds to infinity.
+inline Vec<float> round_to_bf16(Vec<float> x) {
+  WideBits w;
+  __builtin_memcpy(&w, &x, sizeof w);
+  const WideBits magnitude = w & 0x7fffffffu;
+  const WideBits rounded = (w + 0x7fffu + ((w >> 16) & 1u)) & 0xffff0000u;
+  const WideBits nan = (w & 0xffff0000u) | 0x00400000u;
+  const WideBits r = magnitude > 0x7f800000u ? nan : rounded;
+  Vec<float> y;
+  __builtin_memcpy(&y, &r, sizeof y);
+  return y;
+}
+inline float round_to_bf16(float x) {
+  const Vec<float> v = round_to_bf16(Vec<float>{} + x);
+  return v[0];
+}
+
+// dst[0..len) = src[0..len) rounded to bf16 (src elements `stride` apart).
+inline void round_row_to_bf16(float* dst, const float* src, std::int64_t stride, std::int64_t len) {
+  constexpr int L = kLanes<float>;
+  std::int64_t e = 0;
+  if (stride == 1) {
+    for (; e + L <= len; e += L) store(dst + e, round_to_bf16(load(src + e)));
+  }
+  for (; e < len; ++e) dst[e] = round_to_bf16(src[e * stride]);
+}
+
+// C = [c_scale C +] A B as above; with bf16_scratch (float only) A and B are rounded to bf16
+// into it first: A as [m][kdim] (or [kdim][m] when A is read transposed, so that both copies
+// run along contiguous memory), then B as [kdim][n]. The scratch holds at least
+// padded(m kdim) + kdim n floats (workspace.h: bf16_scratch_elements). The whole m x kdim
+// rectangle of A is rounded, the parts the shape skips too (they lie inside the caller's
+// buffers and are never multiplied).
 template <class Real, bool Accumulate>
 void gemm(std::int64_t m, std::int64_t n, std::int64_t kdim, const Real* a, std::int64_t a_row,
           std::int64_t a_col, const Real* b, std::int64_t ldb, Real* c, std::int64_t ldc,
-          Real c_scale = 1, unsigned shape = kFull, bool bf16_operands = false) {
+          Real c_scale = 1, unsigned shape = kFull, Real* bf16_scratch = nullptr) {
   if constexpr (sizeof(Real) == 4) {
-    if (bf16_operands) {
-      gemm_panels<Real, Accumulate, true>(m, n, kdim, a, a_row, a_col, b, ldb, c, ldc, c_scale,
-                                          shape);
+    if (bf16_scratch != nullptr) {
+      Real* ra = bf16_scratch;
+      Real* rb = ra + padded(m * kdim);
+      std::int64_t ra_row = kdim, ra_col = 1;
+      if (a_row == 1 && a_col != 1) {  // A read transposed: its columns are contiguous
+        ra_row = 1;
+        ra_col = m;
+        for (std::int64_t p = 0; p < kdim; ++p) round_row_to_bf16(ra + p * m, a + p * a_col, 1, m);
+      } else {
+        for (std::int64_t i = 0; i < m; ++i)
+          round_row_to_bf16(ra + i * kdim, a + i * a_row, a_col, kdim);
+      }
+      for (std::int64_t p = 0; p < kdim; ++p) round_row_to_bf16(rb + p * n, b + p * ldb, 1, n);
+      gemm_panels<Real, Accumulate>(m, n, kdim, ra, ra_row, ra_col, rb, n, c, ldc, c_scale, shape);
       return;
     }
   }
-  gemm_panels<Real, Accumulate, false>(m, n, kdim, a, a_row, a_col, b, ldb, c, ldc, c_scale, shape);
+  gemm_panels<Real, Accumulate>(m, n, kdim, a, a_row, a_col, b, ldb, c, ldc, c_scale, shape);
 }

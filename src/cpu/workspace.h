@@ -69,6 +69,16 @@ static constexpr ChunkedLayout chunked_layout(std::int64_t dk, std::int64_t dv, 
   return l;
 }
 
+// Scratch for bf16 matrix operands (ForwardProblem::bf16_operands), after the forward's or
+// the backward's layout: one product's A and B rounded to bf16 (src/cpu/gemm-inl.h). Every
+// product of the chunk has m, k, n <= max(dkp, dvp, 2 cp).
+static constexpr std::int64_t bf16_scratch_elements(std::int64_t dk, std::int64_t dv,
+                                                    std::int64_t c) {
+  const std::int64_t dkp = padded(dk), dvp = padded(dv), c2 = 2 * padded(c);
+  const std::int64_t r = dkp > dvp ? (dkp > c2 ? dkp : c2) : (dvp > c2 ? dvp : c2);
+  return 2 * r * r + kPad;
+}
+
 // The backward's per-thread workspace for one item (a sequence and the `heads` value heads of
 // one key head). Besides the forward's chunk buffers (one head's worth, reused head after
 // head) it holds the gradient temporaries, each head's carried dS, and the rebuilt chunk

@@ -192,8 +192,9 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
 void recurrent_bwd(const BackwardInputs& inputs, const BackwardOutputs& outputs,
                    const ForwardOptions& options) {
   ForwardOptions opts = options;
-  opts.algorithm = Algorithm::automatic;  // options.algorithm and options.isa are ignored
+  opts.algorithm = Algorithm::automatic;  // options.algorithm, .isa, .matmul_precision ignored
   opts.isa = CpuIsa::automatic;
+  opts.matmul_precision = MatmulPrecision::compute;
   detail::ValidatedBackward validated;
   detail::validate_backward(inputs, outputs, opts, detail::OutputPrecision::float64, &validated);
   const detail::BackwardProblem& bp = validated.problem;

@@ -14,6 +14,13 @@
 namespace gdn::ref {
 namespace {
 
+// The options as the reference runs them: every product is float64, so
+// options.matmul_precision is ignored.
+LayerOptions float64_options(LayerOptions options) {
+  options.matmul_precision = MatmulPrecision::compute;
+  return options;
+}
+
 double read(const TensorView& v, std::int64_t i0, std::int64_t i1 = 0, std::int64_t i2 = 0) {
   const std::int64_t off = i0 * v.strides[0] + (v.rank > 1 ? i1 * v.strides[1] : 0) +
                            (v.rank > 2 ? i2 * v.strides[2] : 0);
@@ -131,7 +138,9 @@ ForwardOptions core_options(const LayerOptions& o) {
 
 }  // namespace
 
-void fused_gdn_fwd(const LayerInputs& in, const LayerOutputs& out, const LayerOptions& options) {
+void fused_gdn_fwd(const LayerInputs& in, const LayerOutputs& out,
+                   const LayerOptions& layer_options) {
+  const LayerOptions options = float64_options(layer_options);
   detail::ValidatedLayer v;
   detail::validate_layer_forward(in, out, options, detail::OutputPrecision::float64, &v);
   if (out.chunk_states.present() || out.t_inv.present()) {
@@ -157,7 +166,7 @@ void fused_gdn_fwd(const LayerInputs& in, const LayerOutputs& out, const LayerOp
 
 LayerForwardResult fused_gdn_fwd(const LayerInputs& in, const LayerOptions& options) {
   detail::ValidatedLayer v;
-  detail::validate_layer_inputs(in, options, &v);
+  detail::validate_layer_inputs(in, float64_options(options), &v);
   LayerForwardResult r;
   r.out = Tensor(DType::f64, {v.tokens, options.hv * options.dv});
   r.conv_state_out = Tensor(DType::f64, {v.core.num_seqs, v.taps - 1, v.channels});
@@ -173,7 +182,8 @@ LayerForwardResult fused_gdn_fwd(const LayerInputs& in, const LayerOptions& opti
 }
 
 void fused_gdn_bwd(const LayerBackwardInputs& bin, const LayerBackwardOutputs& out,
-                   const LayerOptions& options) {
+                   const LayerOptions& layer_options) {
+  const LayerOptions options = float64_options(layer_options);
   detail::ValidatedLayer v;
   detail::validate_layer_backward(bin, out, options, detail::OutputPrecision::float64, &v);
   const LayerInputs& in = bin.forward;
@@ -260,7 +270,7 @@ void fused_gdn_bwd(const LayerBackwardInputs& bin, const LayerBackwardOutputs& o
 
 LayerBackwardResult fused_gdn_bwd(const LayerBackwardInputs& bin, const LayerOptions& options) {
   detail::ValidatedLayer v;
-  detail::validate_layer_inputs(bin.forward, options, &v);
+  detail::validate_layer_inputs(bin.forward, float64_options(options), &v);
   LayerBackwardResult r = detail::allocate_layer_grads(bin.forward, v, options, DType::f64);
   ref::fused_gdn_bwd(bin, detail::outputs_of(r), options);
   return r;

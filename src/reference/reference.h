@@ -139,8 +139,9 @@ void for_each_item(const detail::ForwardProblem& p, Fn&& fn) {
 template <class Item>
 void run_reference(const ForwardInputs& inputs, const ForwardOutputs& outputs,
                    ForwardOptions options, Algorithm algorithm, Item item) {
-  options.algorithm = algorithm;  // options.algorithm and options.isa are ignored
+  options.algorithm = algorithm;  // options.algorithm, .isa and .matmul_precision are ignored
   options.isa = CpuIsa::automatic;
+  options.matmul_precision = MatmulPrecision::compute;
   detail::ValidatedForward validated;
   detail::validate_forward(inputs, outputs, options, detail::OutputPrecision::float64, &validated);
   const detail::ForwardProblem& p = validated.problem;
@@ -153,6 +154,7 @@ ForwardResult run_reference_allocating(const ForwardInputs& inputs, ForwardOptio
                                        Residuals residuals, bool t_inv, Fn fn) {
   options.algorithm = Algorithm::automatic;  // ignored by the reference
   options.isa = CpuIsa::automatic;
+  options.matmul_precision = MatmulPrecision::compute;
   const ForwardShape shape = forward_shape(inputs, options);
   ForwardResult r =
       detail::allocate_forward_result(shape, DType::f64, DType::f64, residuals, t_inv);

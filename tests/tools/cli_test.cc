@@ -730,6 +730,28 @@ TEST_F(Cli, BenchJsonLines) {
   EXPECT_NE(run.output.find("PASS"), std::string::npos) << run.output;
 }
 
+// --matmul bf16: the chunked cases run with bf16 operands (and say so), the token-recurrence
+// baseline with float32 ones; every check passes its bf16-operand tolerance.
+TEST_F(Cli, BenchMatmulBf16) {
+  const Result run =
+      gdn_cli("bench --tokens 130 --hk 2 --hv 4 --dk 32 --dv 16 --repeats 1 --json --matmul bf16");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_EQ(run.output.find("FAIL"), std::string::npos) << run.output;
+  int bf16 = 0, compute = 0;
+  std::size_t at = 0;
+  while ((at = run.output.find("{\"op\": ", at)) != std::string::npos) {
+    const std::string line = run.output.substr(at, run.output.find('}', at) - at);
+    const bool recurrent = line.find("\"impl\": \"recurrent\"") != std::string::npos;
+    EXPECT_NE(line.find(recurrent ? "\"matmul\": \"compute\"" : "\"matmul\": \"bf16\""),
+              std::string::npos)
+        << line;
+    ++(recurrent ? compute : bf16);
+    ++at;
+  }
+  EXPECT_EQ(bf16, 5) << run.output;
+  EXPECT_EQ(compute, 1) << run.output;
+}
+
 // --breakdown: a table of stages for every chunked case (not the token recurrence), whose
 // stages are the ones the pass runs, and a stages_ms object in every chunked JSON line.
 TEST_F(Cli, BenchBreakdown) {

@@ -19,13 +19,14 @@ struct CoreBenchConfig {
   std::int64_t tokens = 8192, seqs = 1, hk = 16, hv = 32, dk = 128, dv = 128;
   int chunk = 64, repeats = 5, threads = 1;
   CpuIsa isa = CpuIsa::generic;
-  DType dtype = DType::f32;   // activations: f32, bf16 or f16 (gates, states: float32)
-  std::string cases = "all";  // all, forward or backward
-  bool json = false;          // one JSON line per case on stdout
-  bool table = true;          // the table and the ratios on stdout (when not json)
-  std::FILE* info = stdout;   // the peak and check lines
-  double peak_gflops = 0;     // the fp32 FMA peak; 0: measure it (and say so on `info`)
-  bool breakdown = false;     // one more run of each chunked case, profiled stage by stage
+  DType dtype = DType::f32;  // activations: f32, bf16 or f16 (gates, states: float32)
+  MatmulPrecision matmul = MatmulPrecision::compute;  // of the chunked cases' products
+  std::string cases = "all";                          // all, forward or backward
+  bool json = false;                                  // one JSON line per case on stdout
+  bool table = true;         // the table and the ratios on stdout (when not json)
+  std::FILE* info = stdout;  // the peak and check lines
+  double peak_gflops = 0;    // the fp32 FMA peak; 0: measure it (and say so on `info`)
+  bool breakdown = false;    // one more run of each chunked case, profiled stage by stage
 };
 
 // One measured case.

@@ -44,6 +44,10 @@ The default is one Qwen3-Next GDN layer: Hk = 16, Hv = 32, Dk = Dv = 128, one se
 times 16-bit activations (q, k, v, o, d_o and dq, dk, dv) with float32 gates, states, residuals
 and arithmetic; their check tolerance adds twice the error of the reference's own output
 rounded to that type (docs/numerics.md).
+--matmul bf16 rounds the chunked cases' matrix operands to bf16 (the token-recurrence
+baseline keeps float32); this build does that on float32 registers, so it times the numerics
+of bf16 operands, not a bf16 kernel; its check tolerance adds 6 times the error of the
+reference rounded to bf16 (docs/numerics.md, "bf16 matrix operands").
 
 options:
 %s
@@ -52,6 +56,7 @@ examples:
   gdn bench --threads 1
   gdn bench --threads 1 --chunk-size 64
   gdn bench --dtype bf16 --threads 1
+  gdn bench --matmul bf16 --threads 1 --cases forward
   gdn bench --threads 1 --breakdown
   gdn bench --seq 64k --repeats 3
   gdn bench --cases backward --json > backward.jsonl
@@ -86,6 +91,7 @@ const std::vector<OptionSpec> kOptions = {
     {"dtype", "T",
      "activations (q, k, v, o and their gradients): f32, bf16 or f16; gates, states and "
      "residuals stay float32 (default f32)"},
+    {"matmul", "P", kMatmulHelp},
     {"breakdown", nullptr,
      "after timing, run each chunked case once more with per-stage clocks and print where its "
      "time goes (the JSON lines get a stages_ms object)"},
@@ -95,6 +101,8 @@ const std::vector<OptionSpec> kOptions = {
 
 // fp32 tolerance of the checks (docs/numerics.md).
 constexpr double kTolerance = 1e-4;
+// With bf16 operands, times the error of the reference rounded to bf16 (docs/numerics.md).
+constexpr double kOperandFactor = 6;
 
 // One measured case: `setup` allocates its outputs (and runs whatever untimed work it needs),
 // `run` is what is timed, `check` compares with the float64 reference and returns the error,
@@ -183,12 +191,15 @@ int bench_command(int argc, char** argv) {
   std::FILE* info = json ? stderr : stdout;
   std::fprintf(info,
                "gdn bench: Hk=%lld Hv=%lld Dk=%lld Dv=%lld, %lld x %lld tokens, %s, chunk %d%s, "
-               "l2norm\n",
+               "l2norm%s\n",
                static_cast<long long>(hk), static_cast<long long>(hv), static_cast<long long>(dk),
                static_cast<long long>(dv), static_cast<long long>(seqs),
                static_cast<long long>(tokens),
                dtype == DType::f32 ? "f32" : (dtype_arg + " activations, float32 state").c_str(),
-               chunk, requested_chunk == 0 ? " (the tiling plan's)" : "");
+               chunk, requested_chunk == 0 ? " (the tiling plan's)" : "",
+               matmul_option(args) == MatmulPrecision::bf16
+                   ? ", bf16 matrix operands (emulated: rounded on float32 registers)"
+                   : "");
   std::fprintf(info, "machine: %s; ISA %s; %d thread%s\n", cpu_model_name().c_str(),
                cpu_isa_name(isa), threads, threads == 1 ? "" : "s");
 
@@ -204,6 +215,7 @@ int bench_command(int argc, char** argv) {
   config.threads = threads;
   config.isa = isa;
   config.dtype = dtype;
+  config.matmul = matmul_option(args);
   config.cases = which;
   config.json = json;
   config.info = info;
@@ -257,6 +269,8 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
   base.chunk_size = chunk;
   base.threads = threads;
   base.isa = isa;
+  base.matmul_precision = config.matmul;
+  const bool bf16_operands = config.matmul == MatmulPrecision::bf16;
   const ForwardShape shape = forward_shape(inputs, base);
 
   // The check slice: the first tokens of sequence 0, key head 0 and its value heads.
@@ -284,11 +298,22 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
   }
   progress("%s", "");
   // 16-bit outputs: the rounding they cannot avoid, twice, on top of the float32 tolerance.
-  const double forward_tolerance = kTolerance + 2 * rounding_error(reference.o, dtype);
+  // bf16 operands: 6 times the error of the reference rounded to bf16, for every output
+  // (docs/numerics.md, "bf16 matrix operands").
+  auto operand_term = [&](const Tensor& r) {
+    return bf16_operands ? kOperandFactor * rounding_error(r, DType::bf16) : 0.0;
+  };
+  const double forward_tolerance =
+      kTolerance + 2 * rounding_error(reference.o, dtype) + operand_term(reference.o);
   double backward_tolerance = kTolerance;
   if (which != "forward") {
     for (const Tensor* r : {&reference_grads.dq, &reference_grads.dk, &reference_grads.dv}) {
-      backward_tolerance = std::max(backward_tolerance, kTolerance + 2 * rounding_error(*r, dtype));
+      backward_tolerance = std::max(backward_tolerance,
+                                    kTolerance + 2 * rounding_error(*r, dtype) + operand_term(*r));
+    }
+    for (const Tensor* r :
+         {&reference_grads.dg, &reference_grads.dbeta, &reference_grads.d_initial_state}) {
+      backward_tolerance = std::max(backward_tolerance, kTolerance + operand_term(*r));
     }
   }
 
@@ -312,6 +337,8 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
     c.tolerance = forward_tolerance;
     ForwardOptions options = base;
     options.algorithm = algorithm;
+    // The token recurrence has no matrix products (and takes no bf16 operands).
+    if (algorithm == Algorithm::recurrent) options.matmul_precision = MatmulPrecision::compute;
     c.setup = [&, kept]() {
       fwd_out = ForwardResult{};
       fwd_out.o = Tensor(dtype, 3, shape.o_sizes());
@@ -478,17 +505,20 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
     if (json) {
       std::printf(
           "{\"op\": \"%s\", \"impl\": \"%s\", \"residuals\": \"%s\", \"dtype\": \"%s\", "
-          "\"isa\": \"%s\", \"threads\": %d, \"tokens\": %lld, \"seqs\": %lld, \"hk\": %lld, "
+          "\"matmul\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"tokens\": %lld, \"seqs\": %lld, "
+          "\"hk\": %lld, "
           "\"hv\": %lld, \"dk\": %lld, \"dv\": %lld, \"chunk_size\": %d, \"repeats\": %d, "
           "\"median_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, \"us_per_token_head\": %.5f, "
           "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"pct_peak\": %.2f, \"residual_bytes\": %lld, "
           "\"peak_rss_bytes\": %lld, \"check_error\": %.3e%s%s}\n",
           (c.op == "backward" ? "backward-" + c.residuals : c.op).c_str(), c.impl.c_str(),
-          c.residuals.c_str(), dtype_name(dtype), cpu_isa_name(isa), threads,
-          static_cast<long long>(tokens), static_cast<long long>(seqs), static_cast<long long>(hk),
-          static_cast<long long>(hv), static_cast<long long>(dk), static_cast<long long>(dv), chunk,
-          repeats, t.median_ms, t.min_ms, t.max_ms, us_per, gflops, peak, 100 * gflops / peak,
-          static_cast<long long>(c.residual_bytes), static_cast<long long>(t.peak_rss), error,
+          c.residuals.c_str(), dtype_name(dtype),
+          matmul_precision_name(c.impl == "recurrent" ? MatmulPrecision::compute : config.matmul),
+          cpu_isa_name(isa), threads, static_cast<long long>(tokens), static_cast<long long>(seqs),
+          static_cast<long long>(hk), static_cast<long long>(hv), static_cast<long long>(dk),
+          static_cast<long long>(dv), chunk, repeats, t.median_ms, t.min_ms, t.max_ms, us_per,
+          gflops, peak, 100 * gflops / peak, static_cast<long long>(c.residual_bytes),
+          static_cast<long long>(t.peak_rss), error,
           result.stage_ms.empty() ? "" : ", \"stages_ms\": ",
           result.stage_ms.empty() ? "" : breakdown_json(result).c_str());
     } else {
