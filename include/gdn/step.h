@@ -51,6 +51,8 @@
 
 namespace gdn {
 
+// LayerOptions::matmul_precision must stay compute: a step's decodes are matrix-vector work and
+// its prefills must match them (gdn::InvalidArgument otherwise).
 struct StepOptions : LayerOptions {
   // Speculative tokens a decode window may carry beyond the first, 0 to 1024.
   std::int64_t num_spec = 0;

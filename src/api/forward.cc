@@ -17,7 +17,13 @@ Dims ForwardShape::chunk_states_sizes() const { return {total_chunks, hv, dk, dv
 Dims ForwardShape::t_inv_sizes() const { return {total_chunks, hv, chunk_size, chunk_size}; }
 
 const char* matmul_precision_name(MatmulPrecision precision) {
-  return precision == MatmulPrecision::bf16 ? "bf16" : "compute";
+  switch (precision) {
+    case MatmulPrecision::compute:
+      return "compute";
+    case MatmulPrecision::bf16:
+      return "bf16";
+  }
+  return "invalid";
 }
 
 ForwardShape forward_shape(const ForwardInputs& inputs, const ForwardOptions& options) {

@@ -786,6 +786,15 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
   r.channels = d;
   r.dtype = qkv.dtype;
   r.compute_dtype = qkv.dtype == DType::f64 ? DType::f64 : DType::f32;
+  if (options.matmul_precision != MatmulPrecision::compute &&
+      options.matmul_precision != MatmulPrecision::bf16) {
+    fail("options.matmul_precision", "compute or bf16",
+         std::to_string(static_cast<int>(options.matmul_precision)));
+  }
+  if (options.matmul_precision == MatmulPrecision::bf16 && r.compute_dtype != DType::f32) {
+    fail("options.matmul_precision",
+         "compute for float64 inputs (bf16 operands need float32 compute)", "bf16");
+  }
   const std::string same_dtype = " (the dtype of qkv)";
   const std::string compute = compute_dtype_why(r.dtype);
   for (const auto& [name, view] :
@@ -1044,6 +1053,12 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
                           in.A_log, in.dt_bias, TensorView{}, TensorView{},   TensorView{}};
   validate_layer_inputs(layer, options, &r.layer);
   const ValidatedLayer& l = r.layer;
+  if (options.matmul_precision != MatmulPrecision::compute) {
+    fail("options.matmul_precision",
+         "compute (the serving step keeps float32 products: a decode is matrix-vector work, and "
+         "a prefill in the same step must match it)",
+         matmul_precision_name(options.matmul_precision));
+  }
   if (options.num_spec < 0 || options.num_spec > 1024) {
     fail("options.num_spec", "0 to 1024 speculative tokens per decode window",
          std::to_string(options.num_spec));

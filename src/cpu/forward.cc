@@ -44,9 +44,9 @@ void forward(const detail::ForwardProblem& p, const Plan& plan) {
                 [&](std::int64_t item, std::byte* workspace) {
                   const std::int64_t s = item / groups, h = item % groups * heads;
                   const std::int64_t length = p.seqs[s].length;
-                  const bool use_recurrent =
-                      p.algorithm == Algorithm::recurrent ||
-                      (p.algorithm == Algorithm::automatic && !residuals && length < p.chunk_size);
+                  const bool use_recurrent = p.algorithm == Algorithm::recurrent ||
+                                             (p.algorithm == Algorithm::automatic && !residuals &&
+                                              !p.bf16_operands && length < p.chunk_size);
                   (use_recurrent ? recurrent : chunked)(p, s, h, heads, workspace);
                 });
 }

@@ -334,8 +334,8 @@ double cosine(const Tensor& x, const Tensor& ref) {
 constexpr double kLayerF32Tolerance = 1e-4;
 constexpr double kMinParameterCosine = 0.999;
 
-TEST_P(HalfActivations, LayerMatchesReferenceAndFloat32Path) {
-  const DType dtype = GetParam();
+// Mixed lengths, both initial states: the layer case of the 16-bit and bf16-operand tests.
+test::LayerSpec mixed_layer_spec() {
   test::LayerSpec spec;
   spec.lengths = {1, 2, 0, 300, 45};
   spec.hk = 2;
@@ -344,6 +344,12 @@ TEST_P(HalfActivations, LayerMatchesReferenceAndFloat32Path) {
   spec.dv = 24;
   spec.conv_state = true;
   spec.recurrent_state = true;
+  return spec;
+}
+
+TEST_P(HalfActivations, LayerMatchesReferenceAndFloat32Path) {
+  const DType dtype = GetParam();
+  const test::LayerSpec spec = mixed_layer_spec();
   const test::LayerProblem original = test::make_layer_problem(spec);
   test::LayerProblem half = test::make_layer_problem(spec), wide = test::make_layer_problem(spec);
   for (Tensor test::LayerProblem::*x : {&test::LayerProblem::qkv, &test::LayerProblem::a,
@@ -683,20 +689,65 @@ TEST(Bf16Operands, ValidationNamesTheOption) {
   EXPECT_EQ(bad.rfind("options.matmul_precision", 0), 0u) << bad;
 }
 
+// Under Algorithm::automatic a sequence shorter than the chunk size runs chunked with bf16
+// operands whether or not residuals are kept: the output is the same function either way, the
+// one the backward differentiates.
+TEST(Bf16Operands, ShortSequencesRunChunkedUnderAutomatic) {
+  ProblemSpec spec = mixed_spec();
+  spec.lengths = {40, 7, 0, 1};
+  const Problem p = make_problem(spec);
+  for (CpuIsa isa : compiled_isas()) {
+    ForwardOptions o = p.options();
+    o.isa = isa;
+    o.chunk_size = 64;
+    o.matmul_precision = MatmulPrecision::bf16;
+    const ForwardResult plain = chunk_gated_delta_rule_fwd(p.inputs(), o);
+    const ForwardResult kept = chunk_gated_delta_rule_fwd(p.inputs(), o, Residuals::all);
+    o.algorithm = Algorithm::chunked;
+    const ForwardResult chunked = chunk_gated_delta_rule_fwd(p.inputs(), o);
+    EXPECT_TRUE(test::bit_identical(plain.o, kept.o, std::string("o, ") + cpu_isa_name(isa)));
+    EXPECT_TRUE(test::bit_identical(plain.o, chunked.o, std::string("o, ") + cpu_isa_name(isa)));
+    EXPECT_TRUE(test::bit_identical(plain.final_state, chunked.final_state,
+                                    std::string("final_state, ") + cpu_isa_name(isa)));
+  }
+}
+
+// The layer op validates the option before it runs anything: float64 inputs and values out
+// of range are errors naming options.matmul_precision.
+TEST(Bf16Operands, LayerValidatesTheOption) {
+  test::LayerSpec spec = mixed_layer_spec();
+  spec.dtype = DType::f64;
+  const test::LayerProblem p64 = test::make_layer_problem(spec);
+  LayerOptions o = p64.options();
+  o.matmul_precision = MatmulPrecision::bf16;
+  try {
+    fused_gdn_fwd(p64.inputs(), o);
+    ADD_FAILURE() << "bf16 operands accepted for float64 inputs";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.argument(), "options.matmul_precision") << e.what();
+  }
+  const test::LayerProblem p = test::make_layer_problem(mixed_layer_spec());
+  o = p.options();
+  o.matmul_precision = static_cast<MatmulPrecision>(5);
+  try {
+    fused_gdn_bwd(layer_backward_inputs(p), o);
+    ADD_FAILURE() << "matmul_precision 5 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.argument(), "options.matmul_precision") << e.what();
+  }
+  // The float64 reference ignores the option (every product is float64).
+  o = p64.options();
+  o.matmul_precision = MatmulPrecision::bf16;
+  EXPECT_NO_THROW(ref::fused_gdn_fwd(p64.inputs(), o));
+}
+
 // The layer op end to end with bf16 operands, float32 and bf16 activations: the A_log and
 // dt_bias gradients keep a cosine of at least 0.999 with the float64 reference on the
 // unrounded inputs (the bound for bf16 operands), and every output stays within
 // kOperandFactor x the error of the reference's own result rounded to bf16 + the layer's
 // float32 tolerance.
 TEST(Bf16Operands, LayerParameterGradientsKeepTheirDirection) {
-  test::LayerSpec spec;
-  spec.lengths = {1, 2, 0, 300, 45};
-  spec.hk = 2;
-  spec.hv = 4;
-  spec.dk = 16;
-  spec.dv = 24;
-  spec.conv_state = true;
-  spec.recurrent_state = true;
+  const test::LayerSpec spec = mixed_layer_spec();
   const test::LayerProblem original = test::make_layer_problem(spec);
   const LayerOptions base = original.options();
   const LayerRun exact{ref::fused_gdn_fwd(original.inputs(), base),

@@ -781,6 +781,12 @@ std::vector<InvalidCase> invalid_cases() {
        [](Call& c) { c.ro[3] = -7; }},  // continuation 3 reads 2, which decode 0 writes
       {"read slot past the pool", {"read_offsets", "state_indices"}, [](Call& c) { c.ro[3] = 3; }},
       {"read slot 0", {"read_offsets", "state_indices"}, [](Call& c) { c.ro[0] = -1; }},
+      {"bf16 matrix operands",
+       {"options.matmul_precision"},
+       [](Call& c) { c.options.matmul_precision = MatmulPrecision::bf16; }},
+      {"matmul_precision out of range",
+       {"options.matmul_precision"},
+       [](Call& c) { c.options.matmul_precision = static_cast<MatmulPrecision>(9); }},
       {"query_start_loc decreases", {"query_start_loc"}, [](Call& c) { c.qsl[3] = 1; }},
       {"query_start_loc past T", {"query_start_loc"}, [](Call& c) { c.qsl[5] = 18; }},
       {"query_start_loc[0] not 0", {"query_start_loc"}, [](Call& c) { c.qsl[0] = 1; }},

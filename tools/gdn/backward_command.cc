@@ -141,7 +141,8 @@ int backward_command(int argc, char** argv) {
   npy::save(out_dir / "dh0.npy", grads.d_initial_state);
   if (!args.flag("quiet")) {
     std::printf("gdn backward: residuals: %s\n", residual_note.c_str());
-    std::printf("  %.3f ms; wrote dq.npy dk.npy dv.npy dg.npy dbeta.npy dh0.npy to %s\n",
+    std::printf("  %s in %.3f ms; wrote dq.npy dk.npy dv.npy dg.npy dbeta.npy dh0.npy to %s\n",
+                engine_name(reference, options.isa, options.matmul_precision).c_str(),
                 seconds * 1e3, out_dir.string().c_str());
   }
   return 0;

@@ -114,9 +114,7 @@ int forward_command(int argc, char** argv) {
         static_cast<long long>(shape.dv), dtype_name(shape.dtype));
     std::printf(
         "  %s in %.3f ms; wrote o.npy, ht.npy%s to %s\n",
-        reference ? "float64 reference"
-                  : (std::string(cpu_isa_name(resolve_cpu_isa(options.isa))) + " kernels").c_str(),
-        seconds * 1e3,
+        engine_name(reference, options.isa, options.matmul_precision).c_str(), seconds * 1e3,
         residuals
             ? (result.t_inv.present() ? ", chunk_states.npy, t_inv.npy" : ", chunk_states.npy")
             : "",

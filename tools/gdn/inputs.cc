@@ -76,9 +76,10 @@ CpuIsa isa_option(const Args& args) {
                            : CpuIsa::automatic;
 }
 
-std::string engine_name(bool reference, CpuIsa isa) {
-  return reference ? "float64 reference"
-                   : std::string(cpu_isa_name(resolve_cpu_isa(isa))) + " kernels";
+std::string engine_name(bool reference, CpuIsa isa, MatmulPrecision matmul) {
+  if (reference) return "float64 reference";
+  return std::string(cpu_isa_name(resolve_cpu_isa(isa))) + " kernels" +
+         (matmul == MatmulPrecision::bf16 ? " (bf16 matrix operands)" : "");
 }
 
 ForwardTensors load_forward_inputs(const std::filesystem::path& dir) {

@@ -36,8 +36,10 @@ inline constexpr const char* kMatmulHelp =
 // With --reference, --matmul is a usage error (every product of the reference is float64).
 void reject_matmul_with_reference(const Args& args, bool reference);
 
-// What ran a command, for its report: "float64 reference" or "<isa> kernels".
-std::string engine_name(bool reference, CpuIsa isa);
+// What ran a command, for its report: "float64 reference" or "<isa> kernels" (with "(bf16
+// matrix operands)" when they were).
+std::string engine_name(bool reference, CpuIsa isa,
+                        MatmulPrecision matmul = MatmulPrecision::compute);
 
 // q.npy k.npy v.npy g.npy beta.npy, and cu_seqlens.npy (int32 widened to int64) and h0.npy
 // when present.

@@ -214,7 +214,7 @@ int layer_forward_command(int argc, char** argv) {
                 dtype_name(tensors.qkv.dtype()));
     std::printf(
         "  %s in %.3f ms; wrote out.npy, conv_state_out.npy, recurrent_state_out.npy%s to %s\n",
-        engine_name(reference, options.isa).c_str(), seconds * 1e3,
+        engine_name(reference, options.isa, options.matmul_precision).c_str(), seconds * 1e3,
         residuals ? ", chunk_states.npy, t_inv.npy" : "", out_dir.string().c_str());
   }
   return 0;
@@ -300,7 +300,8 @@ int layer_backward_command(int argc, char** argv) {
   save("d_recurrent_state", grads.d_recurrent_state);
   if (!args.flag("quiet")) {
     std::printf("gdn layer-backward: residuals: %s\n", residual_note.c_str());
-    std::printf("  %s in %.3f ms; wrote %s to %s\n", engine_name(reference, options.isa).c_str(),
+    std::printf("  %s in %.3f ms; wrote %s to %s\n",
+                engine_name(reference, options.isa, options.matmul_precision).c_str(),
                 seconds * 1e3, written.c_str(), out_dir.string().c_str());
   }
   return 0;
