@@ -33,9 +33,9 @@ enum class MatmulPrecision : std::uint8_t {
             // Algorithm::recurrent (no matrix products), and under automatic every sequence
             // runs chunked (so the output does not depend on whether residuals are kept, and
             // matches what the backward differentiates); not in the serving step (gdn/step.h). This
-         // build has no bf16 dot-product kernel: the rounding is done on float32 registers, so it
-         // gives the numerics of bf16 operands, not their speed (1.1-1.25x the time of compute;
-         // docs/numerics.md).
+  // build has no bf16 dot-product kernel: the rounding is done on float32 registers, so it
+  // gives the numerics of bf16 operands, not their speed (1.1-1.25x the time of compute;
+  // docs/numerics.md).
 };
 
 // "compute", "bf16" ("invalid" for any other value).
