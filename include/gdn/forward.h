@@ -25,18 +25,16 @@ enum class Algorithm : std::uint8_t {
 };
 
 // The operands of the chunked form's matrix products (docs/numerics.md "bf16 matrix operands").
-enum class MatmulPrecision : std::uint8_t {
-  compute,  // the compute dtype (float32, or float64 for float64 inputs)
-  bf16,     // both operands of every matrix product rounded to bf16 (nearest even) before
-            // it runs; products summed in float32; state, gates, decay, the T^-1 solve and
-            // every element-wise step stay float32. float32 compute only; not with
-            // Algorithm::recurrent (no matrix products), and under automatic every sequence
-            // runs chunked (so the output does not depend on whether residuals are kept, and
-            // matches what the backward differentiates); not in the serving step (gdn/step.h). This
-  // build has no bf16 dot-product kernel: the rounding is done on float32 registers, so it
-  // gives the numerics of bf16 operands, not their speed (1.1-1.25x the time of compute;
-  // docs/numerics.md).
-};
+//   compute: the compute dtype (float32, or float64 for float64 inputs).
+//   bf16:    both operands of every matrix product rounded to bf16 (nearest even) before it
+//            runs; products summed in float32; the state, gates, decay, the T^-1 solve and every
+//            element-wise step stay float32. float32 compute only; not with
+//            Algorithm::recurrent (no matrix products); under automatic every sequence runs
+//            chunked (so the output does not depend on whether residuals are kept, and is what
+//            the backward differentiates); not in the serving step (gdn/step.h). This build has
+//            no bf16 dot-product kernel: the rounding is done on float32 registers, so it gives
+//            the numerics of bf16 operands, not their speed (1.1-1.5x the time of compute).
+enum class MatmulPrecision : std::uint8_t { compute, bf16 };
 
 // "compute", "bf16" ("invalid" for any other value).
 const char* matmul_precision_name(MatmulPrecision precision);
