@@ -473,7 +473,8 @@ TEST_F(Cli, MatmulOptionSelectsBf16Operands) {
   write_inputs(DType::f64);
   const Result f64 = gdn_cli("forward " + io() + " --matmul bf16");
   EXPECT_EQ(f64.code, 1);
-  EXPECT_NE(f64.output.find("options.matmul_precision"), std::string::npos) << f64.output;
+  EXPECT_NE(f64.output.find("'--matmul (options.matmul_precision)'"), std::string::npos)
+      << f64.output;
 
   const test::LayerProblem lp = write_layer_inputs();
   LayerOptions lo = lp.options();

@@ -116,6 +116,7 @@ Tensor load_cu_seqlens(const std::filesystem::path& dir) {
 }
 
 std::string file_of_argument(const std::string& argument) {
+  if (argument == "options.matmul_precision") return "--matmul";
   if (argument == "initial_state") return "h0.npy";
   if (argument == "d_o") return "do.npy";
   if (argument == "d_final_state") return "dht.npy";

@@ -57,7 +57,8 @@ Tensor load_if_present(const std::filesystem::path& file);
 // dir/cu_seqlens.npy (int32 widened to int64), or an absent tensor.
 Tensor load_cu_seqlens(const std::filesystem::path& dir);
 
-// The .npy file behind an argument name of the library ("" when none), for error messages.
+// The .npy file (or the option: --matmul) behind an argument name of the library ("" when
+// none), for error messages.
 std::string file_of_argument(const std::string& argument);
 
 }  // namespace gdn::cli

@@ -150,6 +150,7 @@ void naming_files(Body&& body) {
     const std::string& argument = e.argument();
     if (argument.rfind("options.", 0) == 0) {
       std::string option = argument.substr(8);
+      if (option == "matmul_precision") option = "matmul";
       for (char& c : option) c = c == '_' ? '-' : c;
       throw UsageError("option '--" + option + "': expected " + e.expected() + ", given " +
                        e.given());
