@@ -164,10 +164,16 @@ std::string bars(const Panel& p) {
   const double group_width = kPlotWidth / static_cast<double>(groups);
   const double bar_width =
       group_width * 0.8 / static_cast<double>(std::max<std::size_t>(p.series.size(), 1));
+  // Category labels at 10 px, smaller (down to 7) when the longest would not fit its group
+  // (a character is about 0.6 of the font size wide).
+  std::size_t longest = 1;
+  for (const std::string& c : p.categories) longest = std::max(longest, c.size());
+  const int label_size =
+      std::clamp(static_cast<int>(group_width / (0.62 * static_cast<double>(longest))), 7, 10);
   for (std::size_t g = 0; g < p.categories.size(); ++g) {
     const double left = kPlotLeft + g * group_width + group_width * 0.1;
     out += text(kPlotLeft + (g + 0.5) * group_width, kPlotTop + kPlotHeight + 15, p.categories[g],
-                "middle", 10);
+                "middle", label_size);
     for (std::size_t k = 0; k < p.series.size(); ++k) {
       const Series& s = p.series[k];
       if (g >= s.y.size() || !std::isfinite(s.y[g]) || s.y[g] <= 0) continue;
