@@ -341,6 +341,18 @@ void packed_sequences(const TensorView& cu, std::int64_t tokens, std::int64_t ch
   }
 }
 
+// options.matmul_precision: compute or bf16, and bf16 only with float32 compute.
+void check_matmul_precision(MatmulPrecision precision, DType compute_dtype) {
+  if (precision != MatmulPrecision::compute && precision != MatmulPrecision::bf16) {
+    fail("options.matmul_precision", "compute or bf16",
+         std::to_string(static_cast<int>(precision)));
+  }
+  if (precision == MatmulPrecision::bf16 && compute_dtype != DType::f32) {
+    fail("options.matmul_precision",
+         "compute for float64 inputs (bf16 operands need float32 compute)", "bf16");
+  }
+}
+
 // The forward's inputs, by name, for the aliasing checks.
 std::vector<NamedInput> named_inputs(const ForwardInputs& in) {
   return {{"q", &in.q},
@@ -527,16 +539,8 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
     fail("options.isa", "automatic, generic, avx2 or avx512",
          std::to_string(static_cast<int>(options.isa)));
   }
-  if (options.matmul_precision != MatmulPrecision::compute &&
-      options.matmul_precision != MatmulPrecision::bf16) {
-    fail("options.matmul_precision", "compute or bf16",
-         std::to_string(static_cast<int>(options.matmul_precision)));
-  }
+  check_matmul_precision(options.matmul_precision, shape.compute_dtype);
   if (options.matmul_precision == MatmulPrecision::bf16) {
-    if (shape.compute_dtype != DType::f32) {
-      fail("options.matmul_precision",
-           "compute for float64 inputs (bf16 operands need float32 compute)", "bf16");
-    }
     if (options.algorithm == Algorithm::recurrent) {
       fail("options.matmul_precision",
            "compute with options.algorithm = recurrent (the token recurrence has no matrix "
@@ -786,15 +790,7 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
   r.channels = d;
   r.dtype = qkv.dtype;
   r.compute_dtype = qkv.dtype == DType::f64 ? DType::f64 : DType::f32;
-  if (options.matmul_precision != MatmulPrecision::compute &&
-      options.matmul_precision != MatmulPrecision::bf16) {
-    fail("options.matmul_precision", "compute or bf16",
-         std::to_string(static_cast<int>(options.matmul_precision)));
-  }
-  if (options.matmul_precision == MatmulPrecision::bf16 && r.compute_dtype != DType::f32) {
-    fail("options.matmul_precision",
-         "compute for float64 inputs (bf16 operands need float32 compute)", "bf16");
-  }
+  check_matmul_precision(options.matmul_precision, r.compute_dtype);
   const std::string same_dtype = " (the dtype of qkv)";
   const std::string compute = compute_dtype_why(r.dtype);
   for (const auto& [name, view] :

@@ -188,6 +188,7 @@ int bench_command(int argc, char** argv) {
   const int chunk =
       requested_chunk != 0 ? requested_chunk : planned_chunk_size(hk, hv, dk, dv, dtype, isa);
 
+  const MatmulPrecision matmul = matmul_option(args);
   std::FILE* info = json ? stderr : stdout;
   std::fprintf(info,
                "gdn bench: Hk=%lld Hv=%lld Dk=%lld Dv=%lld, %lld x %lld tokens, %s, chunk %d%s, "
@@ -197,7 +198,7 @@ int bench_command(int argc, char** argv) {
                static_cast<long long>(tokens),
                dtype == DType::f32 ? "f32" : (dtype_arg + " activations, float32 state").c_str(),
                chunk, requested_chunk == 0 ? " (the tiling plan's)" : "",
-               matmul_option(args) == MatmulPrecision::bf16
+               matmul == MatmulPrecision::bf16
                    ? ", bf16 matrix operands (emulated: rounded on float32 registers)"
                    : "");
   std::fprintf(info, "machine: %s; ISA %s; %d thread%s\n", cpu_model_name().c_str(),
@@ -215,7 +216,7 @@ int bench_command(int argc, char** argv) {
   config.threads = threads;
   config.isa = isa;
   config.dtype = dtype;
-  config.matmul = matmul_option(args);
+  config.matmul = matmul;
   config.cases = which;
   config.json = json;
   config.info = info;
