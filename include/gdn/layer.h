@@ -68,6 +68,11 @@ struct LayerOutputs {
   MutableTensorView chunk_states, t_inv;
 };
 
+// The shape of the layer's gated delta rule (tokens, sequences, the chunk size resolved when
+// options.chunk_size is 0, total_chunks: the rows of chunk_states and t_inv), for allocating
+// the outputs and residuals. Validates the inputs and options (gdn::InvalidArgument, as the op).
+ForwardShape fused_gdn_shape(const LayerInputs& inputs, const LayerOptions& options);
+
 void fused_gdn_fwd(const LayerInputs& inputs, const LayerOutputs& outputs,
                    const LayerOptions& options);
 

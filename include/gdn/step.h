@@ -81,6 +81,14 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
 Tensor fused_gdn_step(const StepInputs& inputs, const StatePools& pools,
                       const StepOptions& options);
 
+// The step's validation alone: the checks fused_gdn_step runs before it writes anything, and
+// the same gdn::InvalidArgument; nothing is computed or written. Only the index tensors' data
+// is read: a binding that checks a call when it is traced may pass any distinct, aligned,
+// non-null addresses for the other tensors and placeholder indices that pass (distribution
+// [0, 0, 0]: every sequence padding).
+void check_fused_gdn_step(const StepInputs& inputs, const StatePools& pools,
+                          const MutableTensorView& out, const StepOptions& options);
+
 namespace ref {
 // The float64 reference: every live sequence through gdn::ref::fused_gdn_fwd on its own, a
 // decode window one token at a time. Inputs, pools and out must be f64; same validation.

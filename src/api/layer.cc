@@ -284,6 +284,12 @@ void layer_backward(const LayerBackwardInputs& in, const LayerBackwardOutputs& o
 
 }  // namespace
 
+ForwardShape fused_gdn_shape(const LayerInputs& inputs, const LayerOptions& options) {
+  detail::ValidatedLayer v;
+  detail::validate_layer_inputs(inputs, options, &v);
+  return v.core;
+}
+
 void fused_gdn_fwd(const LayerInputs& inputs, const LayerOutputs& outputs,
                    const LayerOptions& options) {
   detail::ValidatedLayer v;

@@ -334,6 +334,12 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
   detail::fused_gdn_step(inputs, pools, out, options, cpu::PlanForce{});
 }
 
+void check_fused_gdn_step(const StepInputs& inputs, const StatePools& pools,
+                          const MutableTensorView& out, const StepOptions& options) {
+  ValidatedStep v;
+  detail::validate_step(inputs, pools, out, options, detail::OutputPrecision::native, &v);
+}
+
 Tensor fused_gdn_step(const StepInputs& inputs, const StatePools& pools,
                       const StepOptions& options) {
   Tensor out = allocate_out(inputs, options, false);

@@ -1,0 +1,235 @@
+// module.cc: the extension module gdn._gdn (nanobind). It hands the XLA FFI handlers to Python
+// as capsules (python/gdn/jax registers them with jax.ffi.register_ffi_target) and runs the
+// library's validation when a call is traced, from shapes and dtypes alone, so that a static
+// mistake raises ValueError with the library's message before anything is compiled.
+//
+// A trace-time check builds views at distinct fake addresses (never dereferenced: see
+// gdn/step.h check_fused_gdn_step, gdn/forward.h forward_shape) and placeholder index arrays
+// that pass (cu_seqlens [0, T, ..., T]; a step's indices all zero, so every sequence is
+// padding); the values of traced index arrays are checked by the handlers when they run.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bindings/handlers.h"
+#include "gdn/gdn.h"
+
+namespace nb = nanobind;
+
+namespace gdn::bindings {
+namespace {
+
+// (shape, dtype name) of one argument, or None for an absent one.
+using Spec = std::optional<std::tuple<std::vector<std::int64_t>, std::string>>;
+
+DType dtype_named(const std::string& name, const char* argument) {
+  if (name == "float32") return DType::f32;
+  if (name == "float64") return DType::f64;
+  if (name == "bfloat16") return DType::bf16;
+  if (name == "float16") return DType::f16;
+  if (name == "int32") return DType::i32;
+  if (name == "int64") return DType::i64;
+  throw InvalidArgument(argument, "dtype float32, float64, bfloat16, float16, int32 or int64",
+                        name);
+}
+
+Dims dims_of(const std::vector<std::int64_t>& shape, const char* argument) {
+  if (shape.empty() || shape.size() > static_cast<std::size_t>(kMaxRank)) {
+    throw InvalidArgument(argument, "rank 1 to 4", "rank " + std::to_string(shape.size()));
+  }
+  Dims d{};
+  for (std::size_t i = 0; i < shape.size(); ++i) d[i] = shape[i];
+  return d;
+}
+
+// Views of traced arguments: each at its own fake address, far from the others, so that the
+// validation's overlap rules see distinct buffers; and index placeholders with real storage.
+class TraceViews {
+ public:
+  MutableTensorView mutable_view(const Spec& spec, const char* argument) {
+    if (!spec) return {};
+    const auto& [shape, dtype_name] = *spec;
+    const Dims sizes = dims_of(shape, argument);
+    const int rank = static_cast<int>(shape.size());
+    const DType dtype = dtype_named(dtype_name, argument);
+    std::int64_t bytes = static_cast<std::int64_t>(dtype_size(dtype));
+    for (int i = 0; i < rank; ++i) bytes *= sizes[i] > 0 ? sizes[i] : 1;
+    void* address = reinterpret_cast<void*>(next_);
+    next_ += (static_cast<std::uintptr_t>(bytes) + kGap) / kGap * kGap + kGap;
+    return MutableTensorView(address, dtype, rank, sizes, contiguous_strides(sizes, rank));
+  }
+  TensorView view(const Spec& spec, const char* argument) { return mutable_view(spec, argument); }
+
+  // An index argument with real storage: `fill(i)` for element i. An int32 argument becomes
+  // int64, as the handlers widen it.
+  template <class Fill>
+  TensorView index(const Spec& spec, const char* argument, Fill fill) {
+    if (!spec) return {};
+    const auto& [shape, dtype_name] = *spec;
+    const Dims sizes = dims_of(shape, argument);
+    const int rank = static_cast<int>(shape.size());
+    DType dtype = dtype_named(dtype_name, argument);
+    if (dtype == DType::i32) dtype = DType::i64;
+    std::int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= sizes[i];
+    std::vector<std::int64_t>& values = storage_.emplace_back(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) values[i] = fill(i);
+    return TensorView(values.data(), dtype, rank, sizes, contiguous_strides(sizes, rank));
+  }
+
+ private:
+  static constexpr std::uintptr_t kGap = std::uintptr_t{1} << 20;
+  std::uintptr_t next_ = std::uintptr_t{1} << 32;
+  std::deque<std::vector<std::int64_t>> storage_;  // stable addresses
+};
+
+std::int64_t leading_size(const Spec& spec) {
+  return spec && !std::get<0>(*spec).empty() ? std::get<0>(*spec)[0] : 0;
+}
+
+// Residual rows to allocate: the chunks of the batch when it is known from shapes alone (one
+// sequence, or the batched layout), else the most N sequences over T tokens can have: each
+// sequence adds at most one partial chunk to ceil(T / C), and no chunk is empty.
+std::int64_t max_chunks(const ForwardShape& shape, bool packed_varlen, std::int64_t tokens) {
+  if (!packed_varlen) return shape.total_chunks;
+  const std::int64_t c = shape.chunk_size;
+  return std::min(tokens, (tokens + c - 1) / c + shape.num_seqs - 1);
+}
+
+nb::dict shape_dict(const ForwardShape& shape, std::int64_t chunks) {
+  nb::dict d;
+  d["num_seqs"] = shape.num_seqs;
+  d["chunk_size"] = shape.chunk_size;
+  d["max_chunks"] = chunks;
+  d["compute_dtype"] = std::string(shape.compute_dtype == DType::f64 ? "float64" : "float32");
+  return d;
+}
+
+// forward_shape from shapes: checks q, k, v, g, beta, the initial state, cu_seqlens' shape and
+// the options; returns the facts the Python layer allocates by.
+nb::dict core_shape(const Spec& q, const Spec& k, const Spec& v, const Spec& g, const Spec& beta,
+                    const Spec& initial_state, const Spec& cu_seqlens, std::optional<double> scale,
+                    bool l2norm, int chunk_size, bool bf16_matmul) {
+  TraceViews views;
+  ForwardInputs in;
+  in.q = views.view(q, "q");
+  in.k = views.view(k, "k");
+  in.v = views.view(v, "v");
+  in.g = views.view(g, "g");
+  in.beta = views.view(beta, "beta");
+  in.initial_state = views.view(initial_state, "initial_state");
+  const std::int64_t tokens = in.q.rank == 3 ? in.q.sizes[0] : 0;
+  in.cu_seqlens =
+      views.index(cu_seqlens, "cu_seqlens", [&](std::int64_t i) { return i == 0 ? 0 : tokens; });
+  ForwardOptions options;
+  options.scale = scale;
+  options.use_qk_l2norm = l2norm;
+  options.chunk_size = chunk_size;
+  options.matmul_precision = bf16_matmul ? MatmulPrecision::bf16 : MatmulPrecision::compute;
+  const ForwardShape shape = forward_shape(in, options);
+  return shape_dict(shape, max_chunks(shape, in.cu_seqlens.present(), tokens));
+}
+
+nb::dict layer_shape(const Spec& qkv, const Spec& a, const Spec& b, const Spec& conv_weight,
+                     const Spec& conv_bias, const Spec& A_log, const Spec& dt_bias,
+                     const Spec& conv_state, const Spec& recurrent_state, const Spec& cu_seqlens,
+                     std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv,
+                     int chunk_size, bool bf16_matmul) {
+  TraceViews views;
+  LayerInputs in;
+  in.qkv = views.view(qkv, "qkv");
+  in.a = views.view(a, "a");
+  in.b = views.view(b, "b");
+  in.conv_weight = views.view(conv_weight, "conv_weight");
+  in.conv_bias = views.view(conv_bias, "conv_bias");
+  in.A_log = views.view(A_log, "A_log");
+  in.dt_bias = views.view(dt_bias, "dt_bias");
+  in.conv_state = views.view(conv_state, "conv_state");
+  in.recurrent_state = views.view(recurrent_state, "recurrent_state");
+  const std::int64_t tokens = leading_size(qkv);
+  in.cu_seqlens =
+      views.index(cu_seqlens, "cu_seqlens", [&](std::int64_t i) { return i == 0 ? 0 : tokens; });
+  LayerOptions options;
+  options.hk = hk;
+  options.hv = hv;
+  options.dk = dk;
+  options.dv = dv;
+  options.chunk_size = chunk_size;
+  options.matmul_precision = bf16_matmul ? MatmulPrecision::bf16 : MatmulPrecision::compute;
+  const ForwardShape shape = fused_gdn_shape(in, options);
+  return shape_dict(shape, max_chunks(shape, in.cu_seqlens.present(), tokens));
+}
+
+void check_step(const Spec& qkv, const Spec& b, const Spec& a, const Spec& conv_pool,
+                const Spec& recurrent_pool, const Spec& conv_weight, const Spec& conv_bias,
+                const Spec& A_log, const Spec& dt_bias, const Spec& query_start_loc,
+                const Spec& state_indices, const Spec& distribution, const Spec& seq_lens,
+                const Spec& read_state_indices, const Spec& read_offsets, const Spec& out,
+                std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv,
+                std::int64_t num_spec) {
+  TraceViews views;
+  StepInputs in;
+  in.qkv = views.view(qkv, "qkv");
+  in.a = views.view(a, "a");
+  in.b = views.view(b, "b");
+  in.conv_weight = views.view(conv_weight, "conv_weight");
+  in.conv_bias = views.view(conv_bias, "conv_bias");
+  in.A_log = views.view(A_log, "A_log");
+  in.dt_bias = views.view(dt_bias, "dt_bias");
+  const auto zero = [](std::int64_t) { return std::int64_t{0}; };
+  in.query_start_loc = views.index(query_start_loc, "query_start_loc", zero);
+  in.state_indices = views.index(state_indices, "state_indices", zero);
+  in.distribution = views.index(distribution, "distribution", zero);
+  in.seq_lens = views.index(seq_lens, "seq_lens", zero);
+  views.index(read_state_indices, "read_state_indices", zero);  // shape checked at run time
+  in.read_offsets = views.index(read_offsets, "read_offsets", zero);
+  const StatePools pools{views.mutable_view(conv_pool, "conv_state"),
+                         views.mutable_view(recurrent_pool, "recurrent_state")};
+  StepOptions options;
+  options.hk = hk;
+  options.hv = hv;
+  options.dk = dk;
+  options.dv = dv;
+  options.num_spec = num_spec;
+  check_fused_gdn_step(in, pools, views.mutable_view(out, "out"), options);
+}
+
+nb::capsule handler(XLA_FFI_Error* (*fn)(XLA_FFI_CallFrame*)) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+}  // namespace gdn::bindings
+
+NB_MODULE(_gdn, m) {
+  using namespace gdn::bindings;
+  m.doc() = "gdn's C++ library: XLA FFI handlers and trace-time validation (internal; use gdn.jax).";
+  m.attr("__version__") = gdn::kVersion;
+  m.def(
+      "ffi_handlers",
+      [] {
+        nb::dict d;
+        d["gdn_forward"] = handler(GdnForward);
+        d["gdn_backward"] = handler(GdnBackward);
+        d["gdn_layer_forward"] = handler(GdnLayerForward);
+        d["gdn_layer_backward"] = handler(GdnLayerBackward);
+        d["gdn_step"] = handler(GdnStep);
+        return d;
+      },
+      "The XLA FFI handlers (typed API), name -> capsule, for the CPU platform.");
+  m.def("cpu_isa", [] { return std::string(gdn::cpu_isa_name(gdn::resolve_cpu_isa(gdn::CpuIsa::automatic))); },
+        "The CPU kernel variant calls run on this machine (avx512, avx2 or generic).");
+  m.def("default_threads", &gdn::default_threads, "Threads a call with threads = 0 uses.");
+  m.def("core_shape", &core_shape);
+  m.def("layer_shape", &layer_shape);
+  m.def("check_step", &check_step);
+}

@@ -1,0 +1,20 @@
+"""gdn's ops for JAX, on the C++ library's CPU kernels through XLA FFI custom calls.
+
+- ``chunk_gated_delta_rule``: the core op with fla's signature, differentiable, residuals
+  named ``gdn_chunk_states`` and ``gdn_t_inv`` for ``jax.checkpoint`` policies;
+- ``fused_gdn``: the fused layer op (conv1d + SiLU, gates, L2 norm, gated delta rule),
+  differentiable in every input;
+- ``fused_conv1d_gdn``: Tokamax's serving call over pools of state slots, updated in place.
+
+docs/jax.md explains install, the ops, the residual names, the serving call and its pools.
+"""
+
+from gdn.jax._core import chunk_gated_delta_rule
+from gdn.jax._layer import fused_gdn
+from gdn.jax._serving import fused_conv1d_gdn
+
+RESIDUAL_NAMES = ("gdn_chunk_states", "gdn_t_inv")
+"""The names ``jax.ad_checkpoint.checkpoint_name`` gives the residuals, for
+``jax.checkpoint_policies.save_only_these_names(*gdn.jax.RESIDUAL_NAMES)``."""
+
+__all__ = ["chunk_gated_delta_rule", "fused_gdn", "fused_conv1d_gdn", "RESIDUAL_NAMES"]

@@ -1,0 +1,51 @@
+"""Shared set-up of the Python tests: float64 on (the references run in float64; gdn's ops
+get float32 unless a test asks otherwise), a deterministic problem maker and the error
+measure every comparison uses."""
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+def rel_error(x, ref):
+    """Normwise relative error ||x - ref|| / ||ref|| in float64 (0 when both are zero)."""
+    x = np.asarray(x, np.float64)
+    ref = np.asarray(ref, np.float64)
+    assert x.shape == ref.shape, (x.shape, ref.shape)
+    denom = np.linalg.norm(ref)
+    diff = np.linalg.norm(x - ref)
+    return float(diff / denom) if denom > 0 else float(diff)
+
+
+def assert_close(x, ref, tol, what=""):
+    err = rel_error(x, ref)
+    worst = np.unravel_index(np.argmax(np.abs(np.asarray(x, np.float64) - np.asarray(ref, np.float64))), np.shape(ref)) if np.size(ref) else ()
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e} (worst at {worst})"
+
+
+class Problem:
+    """Random inputs of the core op in fla's layout, float32 (g in a realistic decay range)."""
+
+    def __init__(self, seed, batch, tokens, hk, hv, dk, dv, num_seqs=None, h0=False):
+        rng = np.random.default_rng(seed)
+        self.q = rng.standard_normal((batch, tokens, hk, dk)).astype(np.float32)
+        self.k = rng.standard_normal((batch, tokens, hk, dk)).astype(np.float32)
+        self.v = rng.standard_normal((batch, tokens, hv, dv)).astype(np.float32)
+        self.g = -rng.uniform(0.01, 1.0, (batch, tokens, hv)).astype(np.float32)
+        self.beta = rng.uniform(0.05, 1.0, (batch, tokens, hv)).astype(np.float32)
+        n = batch if num_seqs is None else num_seqs
+        self.h0 = (0.5 * rng.standard_normal((n, hv, dk, dv))).astype(np.float32) if h0 else None
+        self.d_o = rng.standard_normal((batch, tokens, hv, dv)).astype(np.float32)
+        self.d_ht = rng.standard_normal((n, hv, dk, dv)).astype(np.float32)
+
+    def args(self, dtype=np.float32):
+        return tuple(jnp.asarray(x, dtype) for x in (self.q, self.k, self.v, self.g, self.beta))
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

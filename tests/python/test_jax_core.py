@@ -1,0 +1,241 @@
+"""gdn.jax.chunk_gated_delta_rule against the pure-JAX scan reference (jax_reference.py):
+forward, every gradient, remat policies and residual names, vmap, 16-bit and float64
+activations, and errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.ad_checkpoint import checkpoint_policies
+
+import gdn
+import gdn.jax
+import jax_reference as ref
+from conftest import Problem, assert_close
+
+TOL_F32 = 1e-4
+
+# (id, batch, tokens, hk, hv, dk, dv, cu_seqlens, h0, l2norm, chunk)
+CASES = [
+    ("batched_h0_gva_dk_ne_dv", 2, 67, 2, 4, 16, 24, None, True, True, 16),
+    ("varlen_zero_and_one_token_h0", 1, 90, 1, 2, 20, 12, [0, 0, 1, 40, 40, 89, 90], True, False,
+     16),
+    ("varlen_no_h0_gva3", 1, 70, 2, 6, 8, 8, [0, 1, 2, 33, 70], False, True, 32),
+    ("one_sequence_c64_short_last_chunk", 1, 130, 1, 1, 32, 16, None, False, True, 64),
+]
+IDS = [c[0] for c in CASES]
+
+
+def make(case, seed=0):
+    _, batch, tokens, hk, hv, dk, dv, cu, h0, l2, chunk = case
+    n = batch if cu is None else len(cu) - 1
+    p = Problem(seed, batch, tokens, hk, hv, dk, dv, num_seqs=n, h0=h0)
+    if not l2:
+        p.q *= dk ** -0.5  # keep the unnormalised recurrence stable (beta |k|^2 < 2)
+        p.k *= dk ** -0.5
+    kw = dict(use_qk_l2norm_in_kernel=l2,
+              cu_seqlens=None if cu is None else jnp.asarray(cu, jnp.int32))
+    return p, kw, chunk
+
+
+def loss_of(fn, p, kw):
+    """<o, d_o> + <final_state, d_ht>, as a function of (q, k, v, g, beta, h0)."""
+
+    def loss(q, k, v, g, beta, h0):
+        o, ht = fn(q, k, v, g, beta, initial_state=h0, **kw)
+        return jnp.sum(o * p.d_o) + jnp.sum(ht * p.d_ht)
+
+    return loss
+
+
+def gdn_fn(chunk, **extra):
+    def fn(q, k, v, g, beta, **kw):
+        return gdn.jax.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True,
+                                              chunk_size=chunk, **kw, **extra)
+    return fn
+
+
+def ref_fn(q, k, v, g, beta, **kw):
+    return ref.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
+
+
+def f64(*xs):
+    return tuple(None if x is None else jnp.asarray(x, jnp.float64) for x in xs)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_forward_matches_scan_reference(case):
+    p, kw, chunk = make(case)
+    h0 = None if p.h0 is None else jnp.asarray(p.h0)
+    o, ht = jax.jit(lambda *a: gdn_fn(chunk)(*a[:5], initial_state=a[5], **kw))(*p.args(), h0)
+    o_ref, ht_ref = ref_fn(*f64(p.q, p.k, p.v, p.g, p.beta), initial_state=f64(p.h0)[0], **kw)
+    assert o.dtype == jnp.float32 and ht.dtype == jnp.float32
+    assert_close(o, o_ref, TOL_F32, "o")
+    assert_close(ht, ht_ref, TOL_F32, "final_state")
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_gradients_match_jax_grad_of_scan_reference(case):
+    p, kw, chunk = make(case)
+    argnums = (0, 1, 2, 3, 4, 5) if p.h0 is not None else (0, 1, 2, 3, 4)
+    h0 = None if p.h0 is None else jnp.asarray(p.h0)
+    grads = jax.jit(jax.grad(loss_of(gdn_fn(chunk), p, kw), argnums=argnums))(*p.args(), h0)
+    grads_ref = jax.grad(loss_of(ref_fn, p, kw), argnums=argnums)(
+        *f64(p.q, p.k, p.v, p.g, p.beta, p.h0))
+    for name, x, r in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads, grads_ref):
+        assert x.dtype == jnp.float32, name
+        assert_close(x, r, TOL_F32, name)
+
+
+def test_float64_activations_match_reference_to_1e10():
+    p, kw, chunk = make(CASES[1])
+    args = f64(p.q, p.k, p.v, p.g, p.beta, p.h0)
+    o, ht = gdn_fn(chunk)(*args[:5], initial_state=args[5], **kw)
+    o_ref, ht_ref = ref_fn(*args[:5], initial_state=args[5], **kw)
+    assert o.dtype == jnp.float64
+    assert_close(o, o_ref, 1e-10, "o")
+    assert_close(ht, ht_ref, 1e-10, "final_state")
+    grads = jax.grad(loss_of(gdn_fn(chunk), p, kw), argnums=(0, 1, 2, 3, 4, 5))(*args)
+    grads_ref = jax.grad(loss_of(ref_fn, p, kw), argnums=(0, 1, 2, 3, 4, 5))(*args)
+    for name, x, r in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads, grads_ref):
+        assert_close(x, r, 1e-10, name)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+def test_16bit_activations_within_their_rounding(dtype):
+    p, kw, chunk = make(CASES[0])
+    q, k, v = (jnp.asarray(x, dtype) for x in (p.q, p.k, p.v))
+    o, ht = gdn_fn(chunk)(q, k, v, jnp.asarray(p.g), jnp.asarray(p.beta),
+                          initial_state=jnp.asarray(p.h0), **kw)
+    assert o.dtype == dtype and ht.dtype == jnp.float32
+    o_ref, ht_ref = ref_fn(*f64(q, k, v, p.g, p.beta), initial_state=f64(p.h0)[0], **kw)
+    unit = 2.0 ** -8 if dtype == jnp.bfloat16 else 2.0 ** -11  # one rounding of o
+    assert_close(o, o_ref, unit, "o")
+    assert_close(ht, ht_ref, TOL_F32, "final_state")
+    grads = jax.grad(loss_of(gdn_fn(chunk), p, kw), argnums=(0, 1, 2))(
+        q, k, v, jnp.asarray(p.g), jnp.asarray(p.beta), jnp.asarray(p.h0))
+    assert all(x.dtype == dtype for x in grads)
+
+
+def test_residual_policies_give_bit_identical_gradients():
+    p, kw, chunk = make(CASES[1])
+    args = (*p.args(), jnp.asarray(p.h0))
+    grads = {r: jax.jit(jax.grad(loss_of(gdn_fn(chunk, residuals=r), p, kw),
+                                 argnums=(0, 1, 2, 3, 4, 5)))(*args)
+             for r in ("all", "t_inv", "none")}
+    for r in ("t_inv", "none"):
+        for x, y in zip(grads[r], grads["all"]):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=r)
+
+
+def test_checkpoint_policies_keep_or_drop_names_with_identical_gradients():
+    p, kw, chunk = make(CASES[0])
+    args = (*p.args(), jnp.asarray(p.h0))
+    loss = loss_of(gdn_fn(chunk), p, kw)
+    policies = {
+        "no_checkpoint": None,
+        "names_kept": checkpoint_policies.save_only_these_names(*gdn.jax.RESIDUAL_NAMES),
+        "names_dropped": checkpoint_policies.save_only_these_names("some_other_name"),
+        "full_remat": checkpoint_policies.nothing_saveable,
+    }
+    results = {}
+    for name, policy in policies.items():
+        f = loss if policy is None else jax.checkpoint(loss, policy=policy)
+        results[name] = jax.jit(jax.grad(f, argnums=(0, 1, 2, 3, 4, 5)))(*args)
+    for name in policies:
+        for x, y in zip(results[name], results["no_checkpoint"]):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
+
+
+def _saved_residual_names(loss, args, policy):
+    """The checkpoint names among the residuals jax.checkpoint(loss, policy) saves."""
+    from jax._src.ad_checkpoint import saved_residuals  # the helper print_saved_residuals uses
+
+    saved = saved_residuals(jax.checkpoint(loss, policy=policy), *args)
+    return {name for name in gdn.jax.RESIDUAL_NAMES
+            if any(name in str(where) for _, where in saved)}
+
+
+def test_residual_names_appear_in_the_jaxpr_and_the_saved_set():
+    p, kw, chunk = make(CASES[0])
+    args = (*p.args(), jnp.asarray(p.h0))
+    loss = loss_of(gdn_fn(chunk), p, kw)
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(*args))
+    for name in gdn.jax.RESIDUAL_NAMES:
+        assert f"name={name}" in jaxpr, name
+    kept = _saved_residual_names(
+        loss, args, checkpoint_policies.save_only_these_names(*gdn.jax.RESIDUAL_NAMES))
+    assert kept == set(gdn.jax.RESIDUAL_NAMES)
+    assert _saved_residual_names(loss, args, checkpoint_policies.nothing_saveable) == set()
+    t_inv_only = loss_of(gdn_fn(chunk, residuals="t_inv"), p, kw)
+    jaxpr = str(jax.make_jaxpr(jax.grad(t_inv_only, argnums=(0,)))(*args))
+    assert "name=gdn_t_inv" in jaxpr and "name=gdn_chunk_states" not in jaxpr
+
+
+def test_final_state_is_none_unless_asked():
+    p, kw, chunk = make(CASES[0])
+    o, ht = gdn.jax.chunk_gated_delta_rule(*p.args(), chunk_size=chunk, **kw)
+    assert ht is None and o.shape == p.v.shape
+
+
+def test_vmap_runs_each_problem_alone():
+    p1, kw, chunk = make(CASES[0], seed=1)
+    p2, _, _ = make(CASES[0], seed=2)
+    stacked = [jnp.stack([a, b]) for a, b in zip(p1.args(), p2.args())]
+    fn = gdn_fn(chunk)
+    o, ht = jax.vmap(lambda *a: fn(*a, **kw))(*stacked)
+    for i, p in enumerate((p1, p2)):
+        o1, ht1 = fn(*p.args(), **kw)
+        np.testing.assert_array_equal(np.asarray(o[i]), np.asarray(o1))
+        np.testing.assert_array_equal(np.asarray(ht[i]), np.asarray(ht1))
+
+
+def test_chunk_size_zero_takes_the_plans_chunk():
+    p, kw, _ = make(CASES[3])
+    o, _ = gdn_fn(0)(*p.args(), **kw)
+    o_ref, _ = ref_fn(*f64(p.q, p.k, p.v, p.g, p.beta), **kw)
+    assert_close(o, o_ref, TOL_F32, "o")
+
+
+def test_bf16_matmul_operands_within_their_tolerance():
+    p, kw, chunk = make(CASES[0])
+    o, _ = gdn_fn(chunk, matmul_precision="bf16")(*p.args(), initial_state=jnp.asarray(p.h0),
+                                                 **kw)
+    o_ref, _ = ref_fn(*f64(p.q, p.k, p.v, p.g, p.beta), initial_state=f64(p.h0)[0], **kw)
+    assert_close(o, o_ref, 2e-2, "o")
+
+
+def _trace(fn, *args):
+    return jax.jit(fn).lower(*args)
+
+
+def test_static_errors_raise_when_traced_with_the_librarys_message():
+    p, kw, chunk = make(CASES[0])
+    q, k, v, g, beta = p.args()
+    call = gdn.jax.chunk_gated_delta_rule
+    with pytest.raises(ValueError, match=r"argument 'v': expected the leading \[B, T\] of q"):
+        _trace(lambda v: call(q, k, v, g, beta), v[:, :5])
+    with pytest.raises(ValueError, match=r"argument 'v'.*multiple of Hk"):
+        _trace(lambda v: call(q, k, v, g[..., :3], beta[..., :3]), v[:, :, :3])
+    with pytest.raises(ValueError, match=r"argument 'k'.*dtype"):
+        _trace(lambda k: call(q, k, v, g, beta), k.astype(jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"scale"):
+        call(q, k, v, g, beta, scale=float("inf"))
+    with pytest.raises(ValueError, match=r"chunk_size"):
+        call(q, k, v, g, beta, chunk_size=300)
+    with pytest.raises(ValueError, match=r"argument 'initial_state'"):
+        call(q, k, v, g, beta, initial_state=jnp.zeros((3, 4, 16, 24)))
+    with pytest.raises(ValueError, match=r"argument 'residuals'"):
+        call(q, k, v, g, beta, residuals="some")
+    with pytest.raises(ValueError, match=r"argument 'q': expected \[1, T, Hk, Dk\] with cu_seqlens"):
+        call(q, k, v, g, beta, cu_seqlens=jnp.array([0, 67], jnp.int32))
+    with pytest.raises(ValueError, match=r"argument 'cu_seqlens': expected dtype int32 or int64"):
+        call(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=jnp.array([0.0, 67.0]))
+
+
+def test_bad_cu_seqlens_values_raise_when_run_with_the_librarys_message():
+    p, kw, chunk = make(CASES[1])
+    with pytest.raises(Exception, match=r"argument 'cu_seqlens'"):
+        o, _ = gdn.jax.chunk_gated_delta_rule(
+            *p.args(), cu_seqlens=jnp.array([0, 50, 40, 90], jnp.int32))
+        o.block_until_ready()

@@ -1,0 +1,140 @@
+"""gdn.jax.fused_conv1d_gdn (Tokamax's serving call) against the pure-JAX step reference
+(jax_reference.py): mixed decode / prefill / padding batches, speculative windows, prefix
+caching, pools updated in place, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gdn.jax
+import jax_reference as ref
+from conftest import assert_close
+
+TOL_F32 = 1e-4
+HK, HV, DK, DV, K = 1, 2, 16, 8, 4
+D = 2 * HK * DK + HV * DV
+SLOTS = 10
+STATIC = dict(n_kq=HK, n_v=HV, d_k=DK, d_v=DV, kernel_size=K)
+
+
+class Batch:
+    """Random tokens, parameters and pools (every slot filled: stale slots hold garbage that a
+    fresh sequence must not read)."""
+
+    def __init__(self, seed, tokens, query_start_loc, state_indices, distribution, seq_lens,
+                 read_state_indices=None, read_offsets=None, pool_dtype=np.float32):
+        rng = np.random.default_rng(seed)
+        f = np.float32
+        self.qkv = rng.standard_normal((tokens, D)).astype(f)
+        self.b = rng.standard_normal((tokens, HV)).astype(f)
+        self.a = rng.standard_normal((tokens, HV)).astype(f)
+        self.conv_weight = (0.5 * rng.standard_normal((D, 1, K))).astype(f)
+        self.conv_bias = (0.1 * rng.standard_normal(D)).astype(f)
+        self.a_log = np.log(rng.uniform(1, 16, HV)).astype(f)
+        self.dt_bias = (0.1 * rng.standard_normal(HV)).astype(f)
+        self.conv_pool = np.asarray(jnp.asarray(
+            rng.standard_normal((SLOTS, K - 1, D)), pool_dtype))
+        self.rec_pool = np.asarray(jnp.asarray(
+            0.5 * rng.standard_normal((SLOTS, HV, DK, DV)), pool_dtype))
+        i32 = lambda x: None if x is None else np.asarray(x, np.int32)  # noqa: E731
+        self.meta = (i32(query_start_loc), i32(state_indices), i32(distribution), i32(seq_lens),
+                     i32(read_state_indices), i32(read_offsets))
+
+    def run(self, **extra):
+        qsl, slots, dist, lens, reads, offsets = (None if m is None else jnp.asarray(m)
+                                                  for m in self.meta)
+        return gdn.jax.fused_conv1d_gdn(
+            jnp.asarray(self.qkv), jnp.asarray(self.b), jnp.asarray(self.a),
+            jnp.asarray(self.conv_pool), jnp.asarray(self.rec_pool), jnp.asarray(self.conv_weight),
+            jnp.asarray(self.conv_bias), jnp.asarray(self.a_log), jnp.asarray(self.dt_bias), qsl,
+            slots, dist, lens, reads, offsets, **{**STATIC, **extra})
+
+    def reference(self, num_spec_tokens=0):
+        f64 = lambda x: jnp.asarray(np.asarray(x, np.float64))  # noqa: E731
+        return ref.serving_step(
+            f64(self.qkv), f64(self.b), f64(self.a), f64(self.conv_pool), f64(self.rec_pool),
+            f64(self.conv_weight), f64(self.conv_bias), f64(self.a_log), f64(self.dt_bias),
+            *self.meta, n_kq=HK, n_v=HV, d_k=DK, d_v=DV, num_spec_tokens=num_spec_tokens)
+
+
+def check(batch, num_spec_tokens=0, pool_tol=TOL_F32, out_tol=TOL_F32):
+    (conv, rec), out = batch.run(num_spec_tokens=num_spec_tokens)
+    (conv_ref, rec_ref), out_ref = batch.reference(num_spec_tokens)
+    assert out.shape == (batch.qkv.shape[0], HV * DV)
+    assert_close(out, out_ref, out_tol, "out")
+    for slot in range(SLOTS):
+        assert_close(conv[slot], conv_ref[slot], pool_tol, f"conv_state slot {slot}")
+        assert_close(rec[slot], rec_ref[slot], pool_tol, f"recurrent_state slot {slot}")
+    return conv, rec, out
+
+
+def mixed_batch(seed=0, **kw):
+    # decodes: history (slot 3), fresh over a stale slot (5); prefills: fresh 20 tokens (2),
+    # continued 7 tokens (7), continued 2 tokens, shorter than K - 1 (8); one padding
+    # sequence; 3 padding tokens.
+    return Batch(seed, 34, [0, 1, 2, 22, 29, 31, 31], [3, 5, 2, 7, 8, 0], [2, 5, 5],
+                 [10, 1, 20, 30, 9, 0], **kw)
+
+
+def test_mixed_decode_prefill_padding_batch_matches_reference():
+    batch = mixed_batch()
+    conv, rec, out = check(batch)
+    np.testing.assert_array_equal(np.asarray(out[31:]), 0)
+    for untouched in (0, 1, 4, 6, 9):  # slots no live sequence writes keep their bits
+        np.testing.assert_array_equal(np.asarray(conv[untouched]), batch.conv_pool[untouched])
+        np.testing.assert_array_equal(np.asarray(rec[untouched]), batch.rec_pool[untouched])
+
+
+def test_speculative_windows_with_read_offsets_match_reference():
+    # decode 0: a 3-token window over slots 1..3, reading slot 2 (offset 1); decode 1: a
+    # 2-token window over slots 5..6, reading slot 5; a fresh prefill into slot 8.
+    batch = Batch(1, 12, [0, 3, 5, 12], [1, 5, 8], [2, 3, 3], [13, 9, 7],
+                  read_offsets=[1, 0, 0])
+    check(batch, num_spec_tokens=2)
+
+
+def test_prefix_caching_reads_one_slot_and_writes_another():
+    # a continued prefill reads slot 4 and writes slot 6; a decode reads 2, writes 9.
+    batch = Batch(2, 9, [0, 1, 9], [9, 6], [1, 2, 2], [5, 20], read_state_indices=[2, 4])
+    conv, rec, _ = check(batch)
+    for read_slot in (2, 4):
+        np.testing.assert_array_equal(np.asarray(rec[read_slot]), batch.rec_pool[read_slot])
+
+
+def test_pools_are_donated_and_updated_in_place():
+    batch = mixed_batch()
+    qsl, slots, dist, lens = (jnp.asarray(m) for m in batch.meta[:4])
+    conv_pool, rec_pool = jnp.asarray(batch.conv_pool), jnp.asarray(batch.rec_pool)
+    pointers = (conv_pool.unsafe_buffer_pointer(), rec_pool.unsafe_buffer_pointer())
+    (conv, rec), _ = gdn.jax.fused_conv1d_gdn(
+        jnp.asarray(batch.qkv), jnp.asarray(batch.b), jnp.asarray(batch.a), conv_pool, rec_pool,
+        jnp.asarray(batch.conv_weight), None, jnp.asarray(batch.a_log),
+        jnp.asarray(batch.dt_bias), qsl, slots, dist, lens, **STATIC)
+    assert (conv.unsafe_buffer_pointer(), rec.unsafe_buffer_pointer()) == pointers
+    assert conv_pool.is_deleted() and rec_pool.is_deleted()
+
+
+def test_bad_slot_raises_with_the_librarys_message_and_leaves_pools_unchanged():
+    batch = Batch(3, 3, [0, 1, 3], [3, 12], [1, 2, 2], [5, 2])  # slot 12 >= 10 slots
+    conv_pool, rec_pool = jnp.asarray(batch.conv_pool), jnp.asarray(batch.rec_pool)
+    qsl, slots, dist, lens = (jnp.asarray(m) for m in batch.meta[:4])
+    step = jax.jit(lambda c, r: gdn.jax.fused_conv1d_gdn(
+        jnp.asarray(batch.qkv), jnp.asarray(batch.b), jnp.asarray(batch.a), c, r,
+        jnp.asarray(batch.conv_weight), None, jnp.asarray(batch.a_log),
+        jnp.asarray(batch.dt_bias), qsl, slots, dist, lens, **STATIC))  # not donated
+    with pytest.raises(Exception, match=r"argument 'state_indices'"):
+        jax.block_until_ready(step(conv_pool, rec_pool))
+    np.testing.assert_array_equal(np.asarray(conv_pool), batch.conv_pool)
+    np.testing.assert_array_equal(np.asarray(rec_pool), batch.rec_pool)
+
+
+def test_static_errors_raise_when_traced():
+    batch = mixed_batch()
+    with pytest.raises(ValueError, match=r"argument 'conv_weight'"):
+        batch.run(kernel_size=3)
+    with pytest.raises(NotImplementedError, match=r"attention_mode"):
+        batch.run(attention_mode="KDA")
+    batch.rec_pool = batch.rec_pool[:, :, :, :4]
+    with pytest.raises(ValueError, match=r"argument 'recurrent_state'"):
+        batch.run()
