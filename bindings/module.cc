@@ -13,6 +13,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -203,6 +205,90 @@ void check_step(const Spec& qkv, const Spec& b, const Spec& a, const Spec& conv_
   check_fused_gdn_step(in, pools, views.mutable_view(out, "out"), options);
 }
 
+// The C++ op timed on its own, for the benchmark's overhead column (bench/jax_bench.py): a
+// tensor of `dtype` filled with values in [lo, hi) from a fixed-seed generator.
+Tensor filled(std::initializer_list<std::int64_t> shape, float lo, float hi, std::uint64_t seed) {
+  Tensor t(DType::f32, shape);
+  float* p = t.data<float>();
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    p[i] = lo + (hi - lo) * static_cast<float>(x >> 40) * 0x1p-24f;
+  }
+  return t;
+}
+
+template <class Run>
+std::vector<double> timed(int repeats, Run run) {
+  run();  // warm-up: page faults, the plan, the caches
+  std::vector<double> seconds;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return seconds;
+}
+
+// Seconds per run of the core op on one sequence of T tokens, L2 norm on: the forward, or
+// the forward keeping every residual plus the backward from them (what jax.grad runs).
+std::vector<double> time_core(std::int64_t t, std::int64_t hk, std::int64_t hv, std::int64_t dk,
+                              std::int64_t dv, bool backward, int chunk_size, int threads,
+                              int repeats) {
+  const Tensor q = filled({t, hk, dk}, -1, 1, 1), k = filled({t, hk, dk}, -1, 1, 2),
+               v = filled({t, hv, dv}, -1, 1, 3), g = filled({t, hv}, -1, -0.01f, 4),
+               beta = filled({t, hv}, 0, 1, 5), d_o = filled({t, hv, dv}, -1, 1, 6);
+  const ForwardInputs in{q.view(), k.view(), v.view(), g.view(), beta.view(), {}, {}};
+  ForwardOptions options;
+  options.use_qk_l2norm = true;
+  options.chunk_size = chunk_size;
+  options.threads = threads;
+  return timed(repeats, [&] {
+    ForwardResult r = chunk_gated_delta_rule_fwd(in, options, backward ? Residuals::all : Residuals::none);
+    if (!backward) return;
+    BackwardInputs b = BackwardInputs::from(in);
+    b.d_o = d_o.view();
+    b.chunk_states = r.chunk_states.view();
+    b.t_inv = r.t_inv.view();
+    chunk_gated_delta_rule_bwd(b, options);
+  });
+}
+
+// The same for the layer op (K = 4, no bias, no initial states).
+std::vector<double> time_layer(std::int64_t t, std::int64_t hk, std::int64_t hv, std::int64_t dk,
+                               std::int64_t dv, bool backward, int chunk_size, int threads,
+                               int repeats) {
+  const std::int64_t d = 2 * hk * dk + hv * dv;
+  const Tensor qkv = filled({t, d}, -1, 1, 1), a = filled({t, hv}, -1, 1, 2),
+               b = filled({t, hv}, -1, 1, 3), w = filled({d, 4}, -0.5f, 0.5f, 4),
+               A_log = filled({hv}, 0, 2.7f, 5), dt_bias = filled({hv}, -0.1f, 0.1f, 6),
+               d_out = filled({t, hv * dv}, -1, 1, 7);
+  LayerInputs in;
+  in.qkv = qkv.view();
+  in.a = a.view();
+  in.b = b.view();
+  in.conv_weight = w.view();
+  in.A_log = A_log.view();
+  in.dt_bias = dt_bias.view();
+  LayerOptions options;
+  options.hk = hk;
+  options.hv = hv;
+  options.dk = dk;
+  options.dv = dv;
+  options.chunk_size = chunk_size;
+  options.threads = threads;
+  return timed(repeats, [&] {
+    LayerForwardResult r = fused_gdn_fwd(in, options, backward ? Residuals::all : Residuals::none);
+    if (!backward) return;
+    LayerBackwardInputs bi;
+    bi.forward = in;
+    bi.d_out = d_out.view();
+    bi.chunk_states = r.chunk_states.view();
+    bi.t_inv = r.t_inv.view();
+    fused_gdn_bwd(bi, options);
+  });
+}
+
 nb::capsule handler(XLA_FFI_Error* (*fn)(XLA_FFI_CallFrame*)) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
@@ -232,4 +318,6 @@ NB_MODULE(_gdn, m) {
   m.def("core_shape", &core_shape);
   m.def("layer_shape", &layer_shape);
   m.def("check_step", &check_step);
+  m.def("time_core", &time_core, nb::call_guard<nb::gil_scoped_release>());
+  m.def("time_layer", &time_layer, nb::call_guard<nb::gil_scoped_release>());
 }

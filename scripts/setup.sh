@@ -2,17 +2,22 @@
 # setup.sh: installs what the build needs and is missing (Debian/Ubuntu, apt-get). Safe to
 # re-run: it installs nothing that is already there.
 #   scripts/setup.sh           compiler, CMake, Ninja (the library, the gdn tool)
-#   scripts/setup.sh --tests   also GoogleTest and python3-venv, and the project-local
-#                              virtual environment .venv with NumPy (tests/requirements.txt)
+#   scripts/setup.sh --python  also python3-venv, and the project-local virtual environment
+#                              .venv with JAX (python/requirements.txt) and the gdn package
+#                              built from this checkout (import gdn.jax)
+#   scripts/setup.sh --tests   all of that, GoogleTest, and pytest (tests/requirements.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ cmake ninja-build)
-tests=0
-if [[ "${1:-}" == "--tests" ]]; then
-  tests=1
-  packages+=(libgtest-dev python3 python3-venv)
-fi
+requirements=""
+case "${1:-}" in
+  "") ;;
+  --python) requirements=python/requirements.txt; packages+=(python3 python3-venv python3-dev) ;;
+  --tests) requirements=tests/requirements.txt; packages+=(libgtest-dev python3 python3-venv python3-dev) ;;
+  -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+  *) echo "setup: expected no argument, --python or --tests; given '$1'" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
@@ -32,11 +37,18 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-if ((tests)); then
-  if ! .venv/bin/python -c "import numpy" 2>/dev/null; then
-    echo "setup: creating .venv with $(tr '\n' ' ' < tests/requirements.txt)"
+if [[ -n "$requirements" ]]; then
+  # The requirement files' text, as installed: a change to either re-creates the environment.
+  wanted=$(cat python/requirements.txt "$requirements")
+  if [[ ! -x .venv/bin/python || "$(cat .venv/gdn-requirements 2>/dev/null)" != "$wanted" ]]; then
+    echo "setup: creating .venv from $requirements"
     rm -rf .venv
     python3 -m venv .venv
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$requirements"
+    printf '%s' "$wanted" > .venv/gdn-requirements
   fi
+  # The package from this checkout; its CMake build stays in build/python (incremental).
+  echo "setup: building and installing the gdn Python package into .venv"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-build-isolation \
+    --no-deps .
 fi

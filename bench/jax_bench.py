@@ -1,0 +1,175 @@
+"""Times gdn.jax under jax.jit against the same C++ op called directly (what the custom call
+adds) and against the chunked gated delta rule in plain JAX (bench/jax_chunked.py), at the
+Qwen3-Next shape: the core op and the layer op, forward and forward + backward, on one thread
+and on all, in one run. Checks gdn.jax's forward against the JAX baseline first.
+
+Examples:
+  .venv/bin/python bench/jax_bench.py                    # 8192 tokens, 1 thread and all
+  .venv/bin/python bench/jax_bench.py --seq 2048 --threads 1 --ops core
+  .venv/bin/python bench/jax_bench.py --no-baseline      # gdn.jax and C++ only (fast)
+
+Each thread setting runs in its own process (XLA fixes its thread pool at start-up): one
+thread is XLA's single-threaded CPU client, OMP_NUM_THREADS=1 and the process pinned to one
+core; "all" is the defaults. Times are medians over --repeats runs after a warm-up (the JAX
+baseline's forward + backward at 8k takes about a minute a run on one core: --baseline-repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+SHAPE = dict(hk=16, hv=32, dk=128, dv=128)  # Qwen3-Next's GDN layer
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--seq", type=int, default=8192, help="tokens (default 8192)")
+    p.add_argument("--threads", default="1,all", help="comma list of 1..N or 'all' (default 1,all)")
+    p.add_argument("--ops", default="core,layer", help="comma list of core, layer")
+    p.add_argument("--passes", default="fwd,fwd+bwd", help="comma list of fwd, fwd+bwd")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of gdn.jax and C++ (3)")
+    p.add_argument("--baseline-repeats", type=int, default=1, help="timed runs of the JAX baseline (1)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the plain-JAX baseline")
+    p.add_argument("--chunk-size", type=int, default=64, help="chunk size of all three (64)")
+    p.add_argument("--json", action="store_true", help="print one JSON line per row instead")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    for name, allowed in (("ops", {"core", "layer"}), ("passes", {"fwd", "fwd+bwd"})):
+        values = getattr(args, name).split(",")
+        if not values or not set(values) <= allowed:
+            p.error(f"--{name}: expected a comma list of {sorted(allowed)}, given {getattr(args, name)!r}")
+        setattr(args, name, values)
+    for t in args.threads.split(","):
+        if t != "all" and not (t.isdigit() and int(t) >= 1):
+            p.error(f"--threads: expected a comma list of positive counts or 'all', given {args.threads!r}")
+    if args.seq < 1 or args.repeats < 1 or args.baseline_repeats < 1:
+        p.error("--seq, --repeats and --baseline-repeats must be positive")
+    return args
+
+
+def median_seconds(fn, repeats):
+    fn()  # compile and warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def worker(args, threads):
+    """One thread setting: prints a JSON line per (op, pass)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import jax_chunked
+    import gdn
+    import gdn.jax
+
+    t, c = args.seq, args.chunk_size
+    hk, hv, dk, dv = SHAPE["hk"], SHAPE["hv"], SHAPE["dk"], SHAPE["dv"]
+    d = 2 * hk * dk + hv * dv
+    rng = np.random.default_rng(0)
+    f32 = lambda *s, lo=-1.0, hi=1.0: jnp.asarray(rng.uniform(lo, hi, s), jnp.float32)  # noqa: E731
+    core_in = (f32(1, t, hk, dk), f32(1, t, hk, dk), f32(1, t, hv, dv),
+               f32(1, t, hv, lo=-1.0, hi=-0.01), f32(1, t, hv, lo=0.0, hi=1.0))
+    layer_in = (f32(t, d), f32(t, hv), f32(t, hv), f32(d, 4, lo=-0.5, hi=0.5),
+                f32(hv, lo=0.0, hi=2.7), f32(hv, lo=-0.1, hi=0.1))
+    heads = dict(num_k_heads=hk, num_v_heads=hv, head_k_dim=dk, head_v_dim=dv)
+    n_threads = 0 if threads == "all" else int(threads)
+
+    def gdn_core(*x):
+        return gdn.jax.chunk_gated_delta_rule(*x, use_qk_l2norm_in_kernel=True, chunk_size=c,
+                                              threads=n_threads)[0]
+
+    def base_core(*x):
+        return jax_chunked.chunk_gated_delta_rule(*x, use_qk_l2norm_in_kernel=True,
+                                                  chunk_size=c)[0]
+
+    def gdn_layer(*x):
+        return gdn.jax.fused_gdn(*x, **heads, chunk_size=c, threads=n_threads)[0]
+
+    def base_layer(*x):
+        return jax_chunked.fused_gdn(*x, **heads, chunk_size=c)
+
+    ops = {"core": (gdn_core, base_core, core_in, gdn._gdn.time_core),
+           "layer": (gdn_layer, base_layer, layer_in, gdn._gdn.time_layer)}
+    for op in args.ops:
+        fn, base, inputs, time_cxx = ops[op]
+        if not args.no_baseline:  # validate before timing: the two forwards agree
+            got, want = jax.jit(fn)(*inputs), jax.jit(base)(*inputs)
+            err = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+            status = "PASS" if err < 1e-4 else "FAIL"
+            print(f"check: {op} forward, gdn.jax vs plain JAX chunked: relative error {err:.2e} "
+                  f"(tolerance 1e-04) {status}", file=sys.stderr, flush=True)
+            if status == "FAIL":
+                sys.exit(1)
+        for pss in args.passes:
+            backward = pss == "fwd+bwd"
+            if backward:
+                n_in = len(inputs)
+                loss = lambda f: jax.jit(jax.grad(  # noqa: E731
+                    lambda *x: jnp.sum(f(*x)), argnums=tuple(range(n_in))))
+                run_gdn, run_base = loss(fn), loss(base)
+            else:
+                run_gdn, run_base = jax.jit(fn), jax.jit(base)
+            row = dict(op=op, pass_=pss, threads=threads, tokens=t, **SHAPE, chunk=c)
+            row["gdn_jax_ms"] = 1e3 * median_seconds(
+                lambda: jax.block_until_ready(run_gdn(*inputs)), args.repeats)
+            row["cxx_ms"] = 1e3 * statistics.median(time_cxx(
+                t, hk, hv, dk, dv, backward, c, n_threads, args.repeats))
+            if not args.no_baseline:
+                row["jax_chunked_ms"] = 1e3 * median_seconds(
+                    lambda: jax.block_until_ready(run_base(*inputs)), args.baseline_repeats)
+            print(json.dumps(row), flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        worker(args, args.worker)
+        return
+    rows = []
+    for threads in args.threads.split(","):
+        env = dict(os.environ)
+        cmd = [sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]),
+               "--worker", threads]
+        if threads != "all":
+            n = int(threads)
+            env["OMP_NUM_THREADS"] = str(n)
+            if n == 1:
+                env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                                    " --xla_cpu_multi_thread_eigen=false").strip()
+            cores = sorted(os.sched_getaffinity(0))[:n]
+            cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
+        print(f"jax_bench: {threads} thread(s), {args.seq} tokens, Hk={SHAPE['hk']} "
+              f"Hv={SHAPE['hv']} Dk={SHAPE['dk']} Dv={SHAPE['dv']}, float32 ...",
+              file=sys.stderr, flush=True)
+        out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+        rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+        return
+    print(f"{'op':6} {'pass':8} {'threads':>7} {'gdn.jax ms':>11} {'C++ ms':>9} {'FFI +%':>7}"
+          f" {'JAX chunked ms':>15} {'x gdn.jax':>10}")
+    for r in rows:
+        overhead = 100 * (r["gdn_jax_ms"] / r["cxx_ms"] - 1)
+        base = r.get("jax_chunked_ms")
+        print(f"{r['op']:6} {r['pass_']:8} {r['threads']:>7} {r['gdn_jax_ms']:11.1f} "
+              f"{r['cxx_ms']:9.1f} {overhead:+6.1f}%"
+              + (f" {base:15.1f} {base / r['gdn_jax_ms']:9.1f}x" if base else ""))
+
+
+if __name__ == "__main__":
+    main()
