@@ -12,4 +12,4 @@ cmake -S . -B build/test -G Ninja -DCMAKE_BUILD_TYPE=Release -DGDN_WERROR=ON \
 cmake --build build/test -j "$jobs"
 ctest --test-dir build/test --output-on-failure -j "$jobs" "$@"
 # shellcheck disable=SC2086
-.venv/bin/python -m pytest tests/python -q ${GDN_PYTEST_ARGS:-}
+.venv/bin/python -m pytest tests/python -q -rs ${GDN_PYTEST_ARGS:-}
