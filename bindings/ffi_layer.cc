@@ -171,8 +171,8 @@ ffi::Error step(ffi::AnyBuffer qkv, ffi::AnyBuffer b, ffi::AnyBuffer a, ffi::Any
     StepOptions options;
     static_cast<LayerOptions&>(options) = layer_options(hk, hv, dk, dv, 0, false, threads);
     options.num_spec = num_spec;
-    const StatePools pools{mutable_view(conv_pool_out, "conv_state"),
-                           mutable_view(recurrent_pool_out, "recurrent_state")};
+    const StatePools pools{in_place_view(conv_pool_out, "conv_state"),
+                           in_place_view(recurrent_pool_out, "recurrent_state")};
     fused_gdn_step(in, pools, mutable_view(out, "out"), options);
   });
 }
