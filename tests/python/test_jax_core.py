@@ -239,3 +239,12 @@ def test_bad_cu_seqlens_values_raise_when_run_with_the_librarys_message():
         o, _ = gdn.jax.chunk_gated_delta_rule(
             *p.args(), cu_seqlens=jnp.array([0, 50, 40, 90], jnp.int32))
         o.block_until_ready()
+
+
+def test_int64_cu_seqlens_give_the_int32_result():
+    p, kw, chunk = make(CASES[1])
+    o32, ht32 = gdn_fn(chunk)(*p.args(), **kw)
+    kw64 = {**kw, "cu_seqlens": jnp.asarray(kw["cu_seqlens"], jnp.int64)}
+    o64, ht64 = gdn_fn(chunk)(*p.args(), **kw64)
+    np.testing.assert_array_equal(np.asarray(o32), np.asarray(o64))
+    np.testing.assert_array_equal(np.asarray(ht32), np.asarray(ht64))

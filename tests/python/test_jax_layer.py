@@ -150,3 +150,13 @@ def test_static_errors_raise_when_traced_with_the_librarys_message():
         gdn_layer(qkv, a[:, :1], b, w, A_log, dt_bias, **heads)
     with pytest.raises(ValueError, match=r"Hk|hk|num_k_heads"):
         gdn_layer(qkv, a, b, w, A_log, dt_bias, **{**heads, "num_k_heads": 3})
+
+
+def test_vmap_runs_each_layer_call_alone():
+    p1, p2 = LayerProblem(CASES[1], seed=1), LayerProblem(CASES[1], seed=2)
+    a1, a2 = p1.diff_args()[:6], p2.diff_args()[:6]
+    stacked = [jnp.stack([x, y]) for x, y in zip(a1, a2)]
+    got = jax.vmap(lambda *x: gdn_layer(*x, **p1.heads()))(*stacked)
+    for i, args in enumerate((a1, a2)):
+        for x, y in zip(got, gdn_layer(*args, **p1.heads())):
+            np.testing.assert_array_equal(np.asarray(x[i]), np.asarray(y))
