@@ -1020,16 +1020,24 @@ std::string at(const char* name, std::int64_t i) {
   return std::string(name) + "[" + std::to_string(i) + "]";
 }
 
-// A pool: the given shape, the dtype of the inputs, contiguous (slots are whole blocks).
+// A pool: the given shape, contiguous (slots are whole blocks); f64 for f64 inputs, else f32
+// or bf16 (float32 compute, a bf16 state rounded once per write: gdn/step.h).
 void expect_pool(const char* name, const MutableTensorView& pool, int rank, const Dims& sizes,
-                 const std::string& what, DType dtype, const std::string& why) {
+                 const std::string& what, DType inputs) {
   check_rank(name, pool);
   if (!pool.present()) fail(name, "a pool " + what, "absent");
   if (pool.rank != rank || pool.sizes[0] < 1) fail(name, "a pool " + what, shape_of(pool));
   Dims full = sizes;
   full[0] = pool.sizes[0];
   expect_shape(name, pool, rank, full, what);
-  expect_dtype(name, pool, dtype, why);
+  if (inputs == DType::f64) {
+    expect_dtype(name, pool, DType::f64, " (float64 inputs keep float64 state pools)");
+  } else if (pool.dtype != DType::f32 && pool.dtype != DType::bf16) {
+    fail(name,
+         std::string("dtype f32 or bf16 (the state pools of ") + dtype_name(inputs) +
+             " inputs: float32 compute, a bf16 pool rounded once per write)",
+         dtype_name(pool.dtype));
+  }
   check_extent(name, pool);
   const Dims dense = contiguous_strides(pool.sizes, rank);
   for (int i = 0; i < rank; ++i) {
@@ -1063,16 +1071,14 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
   if (f64 && l.dtype != DType::f64)
     fail("qkv", "dtype f64 (the reference runs in float64)", dtype_name(l.dtype));
   const std::string why = " (the dtype of qkv)";
-  // The pools hold states: the compute dtype (float32 for bf16 and f16 activations).
-  const std::string why_pool = compute_dtype_why(l.dtype);
   expect_pool("conv_state", pools.conv_state, 3, {0, l.taps - 1, l.channels, 0},
               "[num_slots, K - 1, D] = [num_slots, " + std::to_string(l.taps - 1) + ", " +
                   std::to_string(l.channels) + "]",
-              l.compute_dtype, why_pool);
+              l.dtype);
   expect_pool("recurrent_state", pools.recurrent_state, 4, {0, options.hv, options.dk, options.dv},
               "[num_slots, Hv, Dk, Dv] = [num_slots, " + std::to_string(options.hv) + ", " +
                   std::to_string(options.dk) + ", " + std::to_string(options.dv) + "]",
-              l.compute_dtype, why_pool);
+              l.dtype);
   const std::int64_t slots = pools.recurrent_state.sizes[0];
   if (pools.conv_state.sizes[0] != slots) {
     fail("conv_state", "as many slots as recurrent_state (" + std::to_string(slots) + ")",
@@ -1094,34 +1100,49 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
   const std::vector<std::int64_t> qsl =
       index_values("query_start_loc", in.query_start_loc, n + 1, "[N + 1]" + n_is);
   const std::vector<std::int64_t> lens = index_values("seq_lens", in.seq_lens, n, "[N]" + n_is);
-  const std::vector<std::int64_t> dist = index_values("distribution", in.distribution, 3,
-                                                      "[3] = [decode_end, prefill_end, mixed_end]");
+  std::vector<std::int64_t> dist = index_values("distribution", in.distribution, 3,
+                                                "[3] = [decode_end, prefill_end, mixed_end]");
   std::vector<std::int64_t> offsets(static_cast<std::size_t>(n), 0);
   check_rank("read_offsets", in.read_offsets);
   if (in.read_offsets.present())
     offsets = index_values("read_offsets", in.read_offsets, n, "[N]" + n_is);
-  if (!(0 <= dist[0] && dist[0] <= dist[1] && dist[1] <= dist[2] && dist[2] <= n)) {
-    fail("distribution", "0 <= decode_end <= prefill_end <= mixed_end <= N = " + std::to_string(n),
-         "[" + std::to_string(dist[0]) + ", " + std::to_string(dist[1]) + ", " +
-             std::to_string(dist[2]) + "]");
+  std::vector<std::int64_t> read_base = slot;
+  check_rank("read_state_indices", in.read_state_indices);
+  const bool read_indices = in.read_state_indices.present();
+  if (read_indices)
+    read_base = index_values("read_state_indices", in.read_state_indices, n, "[N]" + n_is);
+  // Tokamax's padded batches carry distribution values past N (its own tests pass N = 1 with
+  // [0, 0, 3]) and clamp them to N; clamping here accepts exactly those, nothing else.
+  const std::vector<std::int64_t> given = dist;
+  for (std::int64_t& x : dist) x = std::min(x, n);
+  if (!(0 <= dist[0] && dist[0] <= dist[1] && dist[1] <= dist[2])) {
+    fail("distribution",
+         "0 <= decode_end <= prefill_end <= mixed_end (each value past N = " + std::to_string(n) +
+             " counting as N)",
+         "[" + std::to_string(given[0]) + ", " + std::to_string(given[1]) + ", " +
+             std::to_string(given[2]) + "]");
   }
+  // Only the live entries [0, mixed_end]: Tokamax pads the tail with anything (its tests pass
+  // a decreasing one).
+  const std::int64_t live = dist[2];
   if (qsl[0] != 0) fail("query_start_loc", "query_start_loc[0] = 0", std::to_string(qsl[0]));
-  for (std::int64_t s = 0; s < n; ++s) {
+  for (std::int64_t s = 0; s < live; ++s) {
     const auto i = static_cast<std::size_t>(s);
     if (qsl[i + 1] < qsl[i]) {
-      fail("query_start_loc", "non-decreasing values",
+      fail("query_start_loc",
+           "non-decreasing values up to query_start_loc[mixed_end = " + std::to_string(live) + "]",
            at("query_start_loc", s + 1) + " = " + std::to_string(qsl[i + 1]) + " < " +
                at("query_start_loc", s) + " = " + std::to_string(qsl[i]));
     }
   }
-  if (qsl.back() > l.tokens) {
+  if (qsl[static_cast<std::size_t>(live)] > l.tokens) {
     fail("query_start_loc",
-         "values at most T = " + std::to_string(l.tokens) + " (the tokens of qkv)",
-         at("query_start_loc", n) + " = " + std::to_string(qsl.back()));
+         "values at most T = " + std::to_string(l.tokens) + " (the tokens of qkv) up to " +
+             at("query_start_loc", live) + " (mixed_end)",
+         at("query_start_loc", live) + " = " + std::to_string(qsl[static_cast<std::size_t>(live)]));
   }
   r.decode_end = dist[0];
-  r.mixed_end = dist[2];
-  const std::int64_t live = r.mixed_end;
+  r.mixed_end = live;
   r.query_start.assign(qsl.begin(), qsl.begin() + live + 1);
   r.write_slot.assign(static_cast<std::size_t>(live), 0);
   r.read_slot.assign(static_cast<std::size_t>(live), -1);
@@ -1167,13 +1188,20 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
     }
     r.write_slot[i] = slot[i];
     if (lens[i] > len) {
-      // |offset| <= slots is checked before the sum, which then cannot overflow.
-      const bool near = offsets[i] >= -slots && offsets[i] <= slots;
-      const std::int64_t read = near ? slot[i] + offsets[i] : -1;
+      // |base|, |offset| <= slots are checked before the sum, which then cannot overflow.
+      const bool near = read_base[i] >= -slots && read_base[i] <= slots && offsets[i] >= -slots &&
+                        offsets[i] <= slots;
+      const std::int64_t read = near ? read_base[i] + offsets[i] : -1;
       if (!near || read < 1 || read >= slots) {
-        fail("read_offsets", slot_range + " at state_indices[s] + read_offsets[s]",
-             at("read_offsets", s) + " = " + std::to_string(offsets[i]) + " (slot " +
-                 std::to_string(slot[i]) + " + " + std::to_string(offsets[i]) + ")");
+        // Blame the offset when it moved the read slot, else the read index.
+        const bool offset = offsets[i] != 0 || !read_indices;
+        fail(offset ? "read_offsets" : "read_state_indices",
+             slot_range + " at " + (read_indices ? "read_state_indices" : "state_indices") +
+                 "[s] + read_offsets[s]",
+             (offset ? at("read_offsets", s) + " = " + std::to_string(offsets[i])
+                     : at("read_state_indices", s) + " = " + std::to_string(read_base[i])) +
+                 " (slot " + std::to_string(read_base[i]) + " + " + std::to_string(offsets[i]) +
+                 ")");
       }
       r.read_slot[i] = read;
     }
@@ -1183,7 +1211,9 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
     if (read < 0) continue;
     const std::int64_t o = owner[static_cast<std::size_t>(read)];
     if (o >= 0 && o != s) {
-      fail(in.read_offsets.present() ? "read_offsets" : "state_indices",
+      fail(read_indices                ? "read_state_indices"
+           : in.read_offsets.present() ? "read_offsets"
+                                       : "state_indices",
            "a read slot that no other live sequence writes",
            "sequence " + std::to_string(s) + " reads slot " + std::to_string(read) +
                ", which sequence " + std::to_string(o) + " writes");
@@ -1195,7 +1225,8 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
                                {"state_indices", &in.state_indices},
                                {"seq_lens", &in.seq_lens},
                                {"distribution", &in.distribution},
-                               {"read_offsets", &in.read_offsets}});
+                               {"read_offsets", &in.read_offsets},
+                               {"read_state_indices", &in.read_state_indices}});
   check_aliasing({{"out", &out},
                   {"conv_state", &pools.conv_state},
                   {"recurrent_state", &pools.recurrent_state}},

@@ -12,10 +12,54 @@
 // the result does not depend on the split. In place when the read and write slots are the
 // same (a plain decode); a speculative window writes each position's state into the next
 // slot and starts the next position from it. Pass 1 is recurrent_fwd-inl.h's block_products.
+//
+// A bf16 pool (State = BFloat16, Real = float): the item's block of the read slot is widened
+// once into a float32 copy in the workspace (Dk x Dv floats at most: 64 KiB at d = 128,
+// L2-resident like the pool's block), which the window's tokens update in place with the
+// float32 pool's expressions in the same order (decode_token); each position's block is then
+// rounded into its slot. So the slots of a bf16 pool are those of a float32 pool holding the
+// same start values, rounded once, bit for bit, and a window carries its float32 state from
+// one position to the next. The float32 path's code is unchanged by it.
 
+// One token of one block: ks, qs from S (null: zeros), u, o (into qs) and S' into `to`
+// (which may be S itself: each row is read before it is written).
 template <class Real>
+inline void decode_token(const Real* src, std::int64_t ld_src, Real* to_block, std::int64_t ld_to,
+                         std::int64_t n, std::int64_t dk, const Real* v, Real alpha, Real beta,
+                         const Real* k, const Real* q, Real* u, Real* ks, Real* qs) {
+  constexpr int W = kLanes<Real>;
+  const std::int64_t dkp = padded(dk);
+  block_products(src, dk, ld_src, n, k, q, ks, qs);
+  const Real qk = dot(q, k, dkp);
+  const std::int64_t whole = n / W * W;
+  for (std::int64_t j = 0; j < whole; j += W) {
+    const Vec<Real> uj = (load(v + j) - load(ks + j) * alpha) * beta;
+    store(u + j, uj);
+    store(qs + j, load(qs + j) * alpha + uj * qk);
+  }
+  for (std::int64_t j = whole; j < n; ++j) {
+    u[j] = (v[j] - ks[j] * alpha) * beta;
+    qs[j] = qs[j] * alpha + u[j] * qk;
+  }
+  for (std::int64_t r = 0; r < dk; ++r) {
+    Real* to = to_block + r * ld_to;
+    const Real kr = k[r];
+    if (src == nullptr) {
+      for (std::int64_t j = 0; j < whole; j += W) store(to + j, load(u + j) * kr);
+      for (std::int64_t j = whole; j < n; ++j) to[j] = u[j] * kr;
+    } else {
+      const Real* from = src + r * ld_src;
+      for (std::int64_t j = 0; j < whole; j += W)
+        store(to + j, load(from + j) * alpha + load(u + j) * kr);
+      for (std::int64_t j = whole; j < n; ++j) to[j] = from[j] * alpha + u[j] * kr;
+    }
+  }
+}
+
+template <class Real, class State = Real>
 void decode_item(const detail::DecodeProblem& p, std::int64_t item, std::byte* workspace) {
   constexpr int W = kLanes<Real>;
+  constexpr bool widened = !__is_same(State, Real);
   const std::int64_t vb = item % p.vblocks, sh = item / p.vblocks;
   const std::int64_t h = sh % p.hv, s = sh / p.hv;
   const std::int64_t dk = p.dk, dv = p.dv, group = p.hv / p.hk;
@@ -30,14 +74,16 @@ void decode_item(const detail::DecodeProblem& p, std::int64_t item, std::byte* w
   Real* u = k + dkp;
   Real* ks = u + dvp;
   Real* qs = ks + dvp;
+  Real* wide = qs + dvp;  // widened: the block's float32 state, [dk][step]
   const Real* xh = reinterpret_cast<const Real*>(p.xh);
   const Real* g = reinterpret_cast<const Real*>(p.g);
   const Real* beta_of = reinterpret_cast<const Real*>(p.beta);
-  Real* pool = reinterpret_cast<Real*>(p.state);
+  State* pool = reinterpret_cast<State*>(p.state);
   Real* out = reinterpret_cast<Real*>(p.out);
   const std::int64_t head = h * dk * dv + j0;  // this block's first element in a slot
   const std::int64_t first = p.token_start[s], tokens = p.token_start[s + 1] - first;
   const std::int64_t key = h / group;
+  bool have = false;  // widened: whether `wide` holds a state yet (else zeros)
   for (std::int64_t t = 0; t < tokens; ++t) {
     const std::int64_t row = first + t;
     const Real* x = xh + row * p.channels;
@@ -47,33 +93,19 @@ void decode_item(const detail::DecodeProblem& p, std::int64_t item, std::byte* w
     const Real alpha = static_cast<Real>(__builtin_exp(static_cast<double>(g[row * p.hv + h])));
     const Real beta = beta_of[row * p.hv + h];
     const std::int64_t read = t == 0 ? p.read_slot[s] : p.write_slot[s] + t - 1;
-    const Real* src = read < 0 ? nullptr : pool + read * p.slot_elements + head;
-    Real* dst = pool + (p.write_slot[s] + t) * p.slot_elements + head;
-
-    block_products(src, dk, dv, n, k, q, ks, qs);
-    const Real qk = dot(q, k, dkp);
-    const std::int64_t whole = n / W * W;
-    for (std::int64_t j = 0; j < whole; j += W) {
-      const Vec<Real> uj = (load(v + j) - load(ks + j) * alpha) * beta;
-      store(u + j, uj);
-      store(qs + j, load(qs + j) * alpha + uj * qk);
-    }
-    for (std::int64_t j = whole; j < n; ++j) {
-      u[j] = (v[j] - ks[j] * alpha) * beta;
-      qs[j] = qs[j] * alpha + u[j] * qk;
-    }
-    for (std::int64_t r = 0; r < dk; ++r) {
-      Real* to = dst + r * dv;
-      const Real kr = k[r];
-      if (src == nullptr) {
-        for (std::int64_t j = 0; j < whole; j += W) store(to + j, load(u + j) * kr);
-        for (std::int64_t j = whole; j < n; ++j) to[j] = u[j] * kr;
-      } else {
-        const Real* from = src + r * dv;
-        for (std::int64_t j = 0; j < whole; j += W)
-          store(to + j, load(from + j) * alpha + load(u + j) * kr);
-        for (std::int64_t j = whole; j < n; ++j) to[j] = from[j] * alpha + u[j] * kr;
+    State* dst = pool + (p.write_slot[s] + t) * p.slot_elements + head;
+    if constexpr (widened) {
+      if (t == 0 && read >= 0) {
+        const State* from = pool + read * p.slot_elements + head;
+        for (std::int64_t r = 0; r < dk; ++r) widen_row(wide + r * step, from + r * dv, n);
+        have = true;
       }
+      decode_token(have ? wide : nullptr, step, wide, step, n, dk, v, alpha, beta, k, q, u, ks, qs);
+      have = true;
+      for (std::int64_t r = 0; r < dk; ++r) narrow_row(dst + r * dv, wide + r * step, n);
+    } else {
+      const Real* src = read < 0 ? nullptr : pool + read * p.slot_elements + head;
+      decode_token(src, dv, dst, dv, n, dk, v, alpha, beta, k, q, u, ks, qs);
     }
     Real* o = out + row * p.out_token + (h * dv + j0) * p.out_channel;
     for (std::int64_t j = 0; j < n; ++j) o[j * p.out_channel] = qs[j];

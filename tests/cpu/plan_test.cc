@@ -368,6 +368,7 @@ struct DecodeStep {
             TensorView(state_indices.data(), {3}),
             TensorView(seq_lens.data(), {3}),
             TensorView(distribution.data(), {3}),
+            TensorView{},
             TensorView{}};
   }
 };

@@ -436,8 +436,8 @@ TEST_P(HalfActivations, ServingStepMatchesFloat32StepAndReference) {
   o.dv = dv;
   auto inputs = [&](const Tensor& x, const Tensor& av, const Tensor& bv, const Tensor& w,
                     const Tensor& al, const Tensor& dt) {
-    return StepInputs{x.view(),  av.view(),  bv.view(),  w.view(),    {},          al.view(),
-                      dt.view(), qsl.view(), idx.view(), lens.view(), dist.view(), {}};
+    return StepInputs{x.view(),   av.view(),  bv.view(),   w.view(),    {}, al.view(), dt.view(),
+                      qsl.view(), idx.view(), lens.view(), dist.view(), {}, {}};
   };
   auto copy_of = [](const Tensor& t, DType to) {
     Tensor r(to, t.rank(), t.sizes());

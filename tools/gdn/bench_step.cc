@@ -190,7 +190,8 @@ struct StepData {
             state_indices.view(),
             seq_lens.view(),
             distribution.view(),
-            read_offsets.view()};
+            read_offsets.view(),
+            TensorView{}};
   }
   StatePools pools() { return {conv_state.mutable_view(), recurrent_state.mutable_view()}; }
 };

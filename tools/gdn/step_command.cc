@@ -144,7 +144,8 @@ struct StepTensors {
             state_indices.view(),
             seq_lens.view(),
             distribution.view(),
-            read_offsets.view()};
+            read_offsets.view(),
+            TensorView{}};
   }
   StatePools pools() { return {conv_state.mutable_view(), recurrent_state.mutable_view()}; }
 };
