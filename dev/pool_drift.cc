@@ -8,9 +8,9 @@
 // tests/cpu/step_test.cc), and float32 inputs over float32 pools, over a bf16 recurrent pool
 // (float32 conv pool), and over two bf16 pools. Shape Hk = 2, Hv = 4, Dk = Dv = 128, K = 4;
 // qkv, a, b ~ N(0, 1), A_log = log U(1, 16), dt_bias = 0, conv weights ~ N(0, 1 / K), drawn
-// afresh for every step. Those gates forget fast (alpha = e^g mostly below 0.5); --slow-gates
-// sets dt_bias = log(e^dt - 1) with dt log-uniform in [0.001, 0.1] (Mamba's and Qwen3-Next's
-// initialisation), alpha mostly 0.9 to 0.999: a long memory, where rounding errors can add up. At
+// afresh for every step. Those gates forget fast (alpha = e^g: median 0.006); --slow-gates sets
+// dt_bias = log(e^dt - 1) with dt log-uniform in [0.001, 0.1] (Mamba's and Qwen3-Next's
+// initialisation), alpha median 0.93: a long memory, where rounding errors can add up. At
 // each checkpoint n it prints the relative error (2-norm of the difference over the 2-norm of the
 // float64 output) of the outputs of steps (n - 64, n], and of the recurrent states after step n.
 #include <cmath>
