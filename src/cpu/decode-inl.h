@@ -23,8 +23,9 @@
 // A block with a tail of columns (not a whole number of vectors) is widened into the
 // workspace first, updated there by the float32 code and rounded (see below why). That route
 // for every block measured 1.8x the float32 pool's time for one decode (in cache) and 1.4x
-// for 64; converting on the fly, 1.5x and 1.2x (`gdn bench --op step --pools bf16`, one
-// thread, Qwen3-Next's shape; the rounding's integer work in pass 2 is what it costs).
+// for 64; converting on the fly, 1.6x to 2x, 1.25x, and 1.05x for 64 windows of 4
+// (`gdn bench --op step --pools bf16`, one thread, Qwen3-Next's shape, docs/perf.md): in
+// cache, the rounding's integer work in pass 2 is what it costs.
 
 // A vector of a state stored as State: rounded to bf16, or as it is.
 template <class Real, class State>
