@@ -168,6 +168,8 @@ inline void set_value(Tensor& t, std::int64_t i, double x) {
     t.data<float>()[i] = static_cast<float>(x);
   } else if (t.dtype() == DType::bf16) {
     static_cast<std::uint16_t*>(t.raw())[i] = bf16_bits(static_cast<float>(x));
+  } else if (t.dtype() == DType::f16) {
+    static_cast<std::uint16_t*>(t.raw())[i] = f16_bits(static_cast<float>(x));
   } else {
     t.data<double>()[i] = x;
   }

@@ -28,11 +28,13 @@ Tensor widened(const Tensor& t) {
   return r;
 }
 
-// t (f32) rounded to bf16 as gdn::bf16_bits rounds.
-Tensor rounded(const Tensor& t) {
-  Tensor r(DType::bf16, t.rank(), t.sizes());
-  for (std::int64_t i = 0; i < t.numel(); ++i)
-    static_cast<std::uint16_t*>(r.raw())[i] = bf16_bits(t.data<float>()[i]);
+// t (f32) rounded to bf16 (or f16) as gdn::bf16_bits (gdn::f16_bits) rounds.
+Tensor rounded(const Tensor& t, DType to = DType::bf16) {
+  Tensor r(to, t.rank(), t.sizes());
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const float x = t.data<float>()[i];
+    static_cast<std::uint16_t*>(r.raw())[i] = to == DType::bf16 ? bf16_bits(x) : f16_bits(x);
+  }
   return r;
 }
 
@@ -84,8 +86,8 @@ StepSpec read_state_spec() {
 
 // The step over bf16 pools against the step over float32 pools holding the same values: the
 // same out bytes, and every slot of a bf16 pool equal to the float32 pool's rounded to bf16
-// (slots nobody writes included: their values are bf16 values already). With float32 and bf16
-// activations, K = 1, 2 and 4.
+// (slots nobody writes included: their values are bf16 values already). With float32, bf16 and
+// f16 activations, K = 1, 2 and 4.
 TEST(CpuStepPools, Bf16EqualsFloat32RoundedOnce) {
   std::vector<StepSpec> specs = {speculative_spec(), mixed_spec(), read_state_spec()};
   for (const std::int64_t taps : {1, 2}) {
@@ -97,17 +99,17 @@ TEST(CpuStepPools, Bf16EqualsFloat32RoundedOnce) {
   }
   for (const StepSpec& base : specs) {
     for (const PoolDtypes& mix : kMixes) {
-      for (const DType activations : {DType::f32, DType::bf16}) {
+      for (const DType activations : {DType::f32, DType::bf16, DType::f16}) {
         StepProblem p16 = make_step_problem(with_pools(base, mix));
         StepProblem p32 = make_step_problem(base);
         p32.conv_pool = widened(p16.conv_pool);
         p32.rec_pool = widened(p16.rec_pool);
-        if (activations == DType::bf16) {
+        if (activations != DType::f32) {
           for (StepProblem* p : {&p16, &p32}) {
-            p->spec.dtype = DType::bf16;
-            p->qkv = rounded(p->qkv);
-            p->a = rounded(p->a);
-            p->b = rounded(p->b);
+            p->spec.dtype = activations;
+            p->qkv = rounded(p->qkv, activations);
+            p->a = rounded(p->a, activations);
+            p->b = rounded(p->b, activations);
           }
         }
         for (CpuIsa isa : compiled_isas()) {
