@@ -7,7 +7,8 @@
 // A batch of N sequences over T packed tokens:
 //   query_start_loc  int64 [N + 1]  sequence s has tokens [query_start_loc[s],
 //                                   query_start_loc[s + 1]); query_start_loc[0] = 0,
-//                                   non-decreasing, query_start_loc[N] <= T
+//                                   non-decreasing up to query_start_loc[mixed_end] <= T
+//                                   (entries past mixed_end: anything, see below)
 //   state_indices    int64 [N]      the slot of each sequence
 //   seq_lens         int64 [N]      each sequence's total length after this step; it has
 //                                   history (a state to start from) when seq_lens[s] is more
@@ -48,9 +49,10 @@
 // live sequence writes, two live sequences writing the same slot, a live query_start_loc entry
 // that decreases or runs past T, a decode with no token or more than 1 + num_spec, a live
 // prefill with no token, seq_lens[s] below the query length, a negative or misordered
-// distribution, or a shape or dtype mismatch throws gdn::InvalidArgument naming the argument,
-// and leaves both pools bit-identical to before the call. A sequence's result depends only on
-// its own tokens and slots: NaN or garbage in another slot never changes it.
+// distribution, a pool dtype outside the rule below, or a shape or dtype mismatch throws
+// gdn::InvalidArgument naming the argument, and leaves both pools bit-identical to before the
+// call. A sequence's result depends only on its own tokens and slots: NaN or garbage in
+// another slot never changes it.
 #pragma once
 
 #include <cstdint>
