@@ -67,14 +67,16 @@ StepSpec mixed_spec() {
 }
 
 // Sequences reading one slot and writing another (prefix caching), with and without offsets:
-// decodes, a window, a continued prefill; a fresh prefill whose read slot is never read.
+// decodes (two of them sharing a read slot, one reading its own), a window, a continued
+// prefill; a fresh prefill whose read slot is never read.
 StepSpec read_state_spec() {
   StepSpec spec;
   spec.num_slots = 24;
   spec.num_spec = 3;
   spec.read_offsets = true;
   spec.read_state_indices = true;
-  spec.decodes = {{1, 1, 9, 0, 20}, {1, 2, 4, 0, 2}, {4, 3, 12, 1, 17}, {2, 7, 6, -1, 22}};
+  spec.decodes = {
+      {1, 1, 9, 0, 20}, {1, 2, 4, 0, 2}, {4, 3, 12, 1, 17}, {2, 7, 6, -1, 22}, {1, 12, 3, 0, 20}};
   spec.prefills = {{40, 9, 0, 0, 21}};
   spec.continued = {{33, 10, 50, 2, 15}, {17, 11, 8, 0, 11}};
   spec.padding = {{3, 0, 0, 0, -7}};
