@@ -100,6 +100,11 @@ int main(int argc, char** argv) {
     if (flag == "--slow-gates") {
       slow = true;
       --i;
+    } else if (flag != "--steps" && flag != "--seqs" && flag != "--seed") {
+      std::fprintf(stderr,
+                   "usage: pool_drift [--steps 1000,8000,65536] [--seqs 2] [--seed 1] "
+                   "[--slow-gates]\n");
+      return 2;
     } else if (i + 1 >= argc) {
       std::fprintf(stderr, "pool_drift: %s needs a value\n", argv[i]);
       return 2;
@@ -107,13 +112,8 @@ int main(int argc, char** argv) {
       checkpoints = parse_list(argv[i + 1]);
     } else if (flag == "--seqs") {
       seqs = std::strtoll(argv[i + 1], nullptr, 10);
-    } else if (flag == "--seed") {
-      seed = static_cast<unsigned>(std::strtoul(argv[i + 1], nullptr, 10));
     } else {
-      std::fprintf(stderr,
-                   "usage: pool_drift [--steps 1000,8000,65536] [--seqs 2] [--seed 1] "
-                   "[--slow-gates]\n");
-      return 2;
+      seed = static_cast<unsigned>(std::strtoul(argv[i + 1], nullptr, 10));
     }
   }
   using gdn::DType;
