@@ -7,7 +7,8 @@
 // A batch of N sequences over T packed tokens:
 //   query_start_loc  int64 [N + 1]  sequence s has tokens [query_start_loc[s],
 //                                   query_start_loc[s + 1]); query_start_loc[0] = 0,
-//                                   non-decreasing, query_start_loc[N] <= T
+//                                   non-decreasing up to query_start_loc[mixed_end] <= T
+//                                   (entries past mixed_end: anything, see below)
 //   state_indices    int64 [N]      the slot of each sequence
 //   seq_lens         int64 [N]      each sequence's total length after this step; it has
 //                                   history (a state to start from) when seq_lens[s] is more
@@ -16,33 +17,42 @@
 //   distribution     int64 [3]      [decode_end, prefill_end, mixed_end]: sequences
 //                                   [0, decode_end) are decodes, [decode_end, mixed_end)
 //                                   prefills or chunked continuations (prefill_end only
-//                                   orders them: 0 <= decode_end <= prefill_end <= mixed_end
-//                                   <= N), sequences from mixed_end on are padding
+//                                   orders them: 0 <= decode_end <= prefill_end <=
+//                                   mixed_end), sequences from mixed_end on are padding.
+//                                   Each value past N counts as N (Tokamax clamps them so)
+//   read_state_indices int64 [N]    optional (absent: state_indices): the base of the slot a
+//                                   sequence with history reads (prefix caching: read one
+//                                   slot, write another)
 //   read_offsets     int64 [N]      optional (absent: zeros), see the windows below
 //
-// Slot 0 is the null slot: no live sequence (s < mixed_end) may read or write it. Padding
-// sequences write nothing at all, and their state_indices are not looked at. The output rows
-// of tokens outside every live sequence (from query_start_loc[mixed_end] on) are zero.
+// Only the live part of the metadata is looked at (Tokamax pads the rest with anything):
+// query_start_loc[0 .. mixed_end] (after the clamp) must start at 0, not decrease and end at
+// most at T; its entries past mixed_end, and every per-sequence entry of a padding sequence
+// (s >= mixed_end), may hold any value. Slot 0 is the null slot: no live sequence may read or
+// write it. Padding sequences write nothing at all. The output rows of tokens outside every
+// live sequence (from query_start_loc[mixed_end] on) are zero.
 //
 // Speculative decoding windows. A decode carries 1 to 1 + num_spec tokens (StepOptions). It
-// starts from the state in slot state_indices[s] + read_offsets[s] and writes the conv and
-// recurrent state after its window position t into slot state_indices[s] + t, so that the
-// engine can keep the state of the last token it accepts:
+// starts from the state in its read slot and writes the conv and recurrent state after its
+// window position t into slot state_indices[s] + t, so that the engine can keep the state of
+// the last token it accepts:
 //
-//   read:   state_indices[s] + read_offsets[s]
+//   read:   read_state_indices[s] + read_offsets[s]      (read_state_indices: state_indices
+//                                                          when absent)
 //   write:  state_indices[s] + 0  (after token 0), ..., state_indices[s] + n - 1  (after n - 1)
 //
-// A prefill reads slot state_indices[s] + read_offsets[s] (when it has history) and writes its
-// final states to slot state_indices[s]. With num_spec = 0 and no read_offsets, every sequence
-// reads and writes its own slot in place.
+// A prefill reads the same read slot (when it has history) and writes its final states to
+// slot state_indices[s]. With num_spec = 0 and neither read_state_indices nor read_offsets,
+// every sequence reads and writes its own slot in place.
 //
 // Validation happens before any write: a slot outside [1, num_slots), a read slot that another
-// live sequence writes, two live sequences writing the same slot, a query_start_loc that
-// decreases or runs past T, a decode with no token or more than 1 + num_spec, a live prefill with
-// no token, seq_lens[s] below the query length, a distribution that does not fit N, or a shape
-// or dtype mismatch throws gdn::InvalidArgument naming the argument, and leaves both pools
-// bit-identical to before the call. A sequence's result depends only on its own tokens and
-// slots: NaN or garbage in another slot never changes it.
+// live sequence writes, two live sequences writing the same slot, a live query_start_loc entry
+// that decreases or runs past T, a decode with no token or more than 1 + num_spec, a live
+// prefill with no token, seq_lens[s] below the query length, a negative or misordered
+// distribution, a pool dtype outside the rule below, or a shape or dtype mismatch throws
+// gdn::InvalidArgument naming the argument, and leaves both pools bit-identical to before the
+// call. A sequence's result depends only on its own tokens and slots: NaN or garbage in
+// another slot never changes it.
 #pragma once
 
 #include <cstdint>
@@ -64,12 +74,25 @@ struct StepInputs {
   TensorView qkv, a, b;  // [T, D], [T, Hv], [T, Hv]
   TensorView conv_weight, conv_bias, A_log, dt_bias;
   TensorView query_start_loc, state_indices, seq_lens, distribution, read_offsets;
+  TensorView read_state_indices;  // optional, int64 [N]
 };
 
-// The state pools, updated in place; the compute dtype: float64 for f64 inputs, else float32
-// (16-bit activations keep float32 states).
+// The state pools, updated in place, contiguous:
 //   conv_state       [num_slots, K - 1, D]: each slot's last K - 1 raw inputs, oldest first
 //   recurrent_state  [num_slots, Hv, Dk, Dv]
+// Dtypes: f64 inputs take f64 pools only. Otherwise (f32, bf16 or f16 qkv) each pool is f32
+// (the default) or bf16 (Tokamax's default), independently of the other and of qkv. The
+// compute is float32 either way: a bf16 slot is read into float32, and a state is rounded to
+// bf16 (nearest even, as gdn::bf16_bits) once, when it is written to a bf16 pool. A decode
+// window carries its float32 state from one position to the next; each position's slot gets
+// that state rounded, exactly as a prefill's final state is. So a step over bf16 pools gives
+// the same out as over float32 pools holding the same (bf16) values, and writes the float32
+// pools' new values rounded to bf16, bit for bit.
+// A bf16 recurrent pool rounds the state once per step, and the output drifts from the float32
+// pools': by 1e-4 (fast-decaying gates) to 3e-3 (slow ones) relative, settling within 8k
+// decode steps and no larger at 64k (docs/numerics.md, "bf16 state pools"; float32 pools:
+// 2e-7). A bf16 conv pool adds about 2e-3 with float32 activations (each input rounded once)
+// and nothing with bf16 ones. Keep float32 pools where that matters.
 struct StatePools {
   MutableTensorView conv_state, recurrent_state;
 };

@@ -112,9 +112,10 @@ struct ConvProblem {
 // result.
 struct DecodeProblem {
   std::int64_t num_seqs = 0, hk = 0, hv = 0, dk = 0, dv = 0, channels = 0;
-  std::int64_t vblocks = 1;  // value-column blocks per head
-  DType dtype = DType::f32;  // of every buffer, the pool and out
-  double scale = 1.0;        // of q, after its L2 norm
+  std::int64_t vblocks = 1;        // value-column blocks per head
+  DType dtype = DType::f32;        // of every buffer and out
+  DType state_dtype = DType::f32;  // of the pool: dtype, or bf16 with float32 (gdn/step.h)
+  double scale = 1.0;              // of q, after its L2 norm
 
   const std::int64_t* token_start = nullptr;  // [num_seqs + 1]
   const std::int64_t* write_slot = nullptr;   // [num_seqs]
@@ -125,6 +126,7 @@ struct DecodeProblem {
   const std::byte* beta = nullptr;  // [tokens][hv]
 
   std::byte* state = nullptr;  // the pool: slot x at state + x * slot_elements, [Hv][Dk][Dv]
+                               // elements of state_dtype
   std::int64_t slot_elements = 0;
   std::byte* out = nullptr;  // element (token, h Dv + j) at out + token * out_token + (h Dv + j)
   std::int64_t out_token = 0, out_channel = 0;  // * out_channel

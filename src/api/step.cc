@@ -7,19 +7,23 @@
 //     slots, and the decode kernel (src/cpu/decode-inl.h) updating the recurrent states in
 //     the pool directly;
 //   padding tokens: zero output rows.
-// No live sequence reads a slot another one writes (validated), so the order of these parts
-// does not matter. The float64 reference runs every live sequence alone through
-// gdn::ref::fused_gdn_fwd, a decode window one token at a time.
+// A bf16 pool is read into float32 and each state rounded once as it is written (gdn/step.h):
+// prefills through their gathered float32 states, decodes in the decode kernel (the recurrent
+// state) and below (the conv state: raw inputs, rounded). No live sequence reads a slot another
+// one writes (validated), so the order of these parts does not matter. The float64 reference runs
+// every live sequence alone through gdn::ref::fused_gdn_fwd, a decode window one token at a time.
 #include "gdn/step.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "api/layer_parts.h"
 #include "api/step_plan.h"
 #include "api/validate.h"
+#include "common/half_bits.h"
 #include "cpu/layer.h"
 
 namespace gdn {
@@ -48,25 +52,40 @@ Real element(const TensorView& v, std::int64_t i0, std::int64_t i1) {
   return detail::element<Real>(v, i0 * v.strides[0] + i1 * v.strides[1]);
 }
 
-// The pools as typed slot blocks (validated contiguous).
-template <class Real>
-struct Pools {
-  Real* conv;
-  Real* rec;
-  std::int64_t conv_slot, rec_slot;  // elements per slot
-
-  explicit Pools(const StatePools& p)
-      : conv(static_cast<Real*>(p.conv_state.data)),
-        rec(static_cast<Real*>(p.recurrent_state.data)),
-        conv_slot(p.conv_state.sizes[1] * p.conv_state.sizes[2]),
-        rec_slot(p.recurrent_state.sizes[1] * p.recurrent_state.sizes[2] *
-                 p.recurrent_state.sizes[3]) {}
-};
-
 template <class Real>
 void copy(Real* to, const Real* from, std::int64_t n) {
   if (n > 0) std::memcpy(to, from, static_cast<std::size_t>(n) * sizeof(Real));
 }
+
+// A pool as slot blocks (validated contiguous), of the compute type Real or bf16.
+template <class Real>
+struct Pool {
+  std::byte* data;
+  bool bf16;
+  std::int64_t slot;  // elements per slot
+
+  explicit Pool(const MutableTensorView& p)
+      : data(static_cast<std::byte*>(p.data)), bf16(p.dtype == DType::bf16), slot(p.sizes[1]) {
+    for (int i = 2; i < p.rank; ++i) slot *= p.sizes[i];
+  }
+  Real* typed(std::int64_t x) const { return reinterpret_cast<Real*>(data) + x * slot; }
+  std::uint16_t* half(std::int64_t x) const {
+    return reinterpret_cast<std::uint16_t*>(data) + x * slot;
+  }
+  // Slot x, widened.
+  void read(std::int64_t x, Real* to) const {
+    if (!bf16) return copy(to, typed(x), slot);
+    const std::uint16_t* from = half(x);
+    for (std::int64_t i = 0; i < slot; ++i) to[i] = detail::float_from_bf16(from[i]);
+  }
+  // Slot x <- from, rounded once into a bf16 pool.
+  void write(std::int64_t x, const Real* from) const {
+    if (!bf16) return copy(typed(x), from, slot);
+    std::uint16_t* to = half(x);
+    for (std::int64_t i = 0; i < slot; ++i)
+      to[i] = detail::bf16_from_float(static_cast<float>(from[i]));
+  }
+};
 
 // Output rows [t0, t1) set to zero (every float dtype's zero is all zero bits).
 void zero_rows(const MutableTensorView& out, std::int64_t t0, std::int64_t t1) {
@@ -88,8 +107,8 @@ void run_prefills(const StepInputs& in, const StatePools& pools, const MutableTe
   if (count == 0) return;
   const std::int64_t k = v.layer.taps, d = v.layer.channels, first_token = v.query_start[first];
   const std::int64_t t1 = v.query_start[v.mixed_end];
-  const DType dtype = v.layer.compute_dtype;  // of the pools
-  Pools<Real> pool(pools);
+  const DType dtype = v.layer.compute_dtype;  // of the gathered states
+  const Pool<Real> conv_pool(pools.conv_state), rec_pool(pools.recurrent_state);
   Tensor cu(DType::i64, {count + 1});
   Tensor conv(dtype, {count, k - 1, d});
   Tensor rec(dtype, {count, o.hv, o.dk, o.dv});
@@ -98,10 +117,8 @@ void run_prefills(const StepInputs& in, const StatePools& pools, const MutableTe
   for (std::int64_t p = 0; p < count; ++p) {
     const std::int64_t read = v.read_slot[first + p];
     if (read < 0) continue;  // no history: zeros, whatever the slot holds
-    copy(static_cast<Real*>(conv.raw()) + p * pool.conv_slot, pool.conv + read * pool.conv_slot,
-         pool.conv_slot);
-    copy(static_cast<Real*>(rec.raw()) + p * pool.rec_slot, pool.rec + read * pool.rec_slot,
-         pool.rec_slot);
+    conv_pool.read(read, static_cast<Real*>(conv.raw()) + p * conv_pool.slot);
+    rec_pool.read(read, static_cast<Real*>(rec.raw()) + p * rec_pool.slot);
   }
   const LayerInputs layer{rows(in.qkv, first_token, t1),
                           rows(in.a, first_token, t1),
@@ -117,10 +134,59 @@ void run_prefills(const StepInputs& in, const StatePools& pools, const MutableTe
                               MutableTensorView{}, MutableTensorView{}});
   for (std::int64_t p = 0; p < count; ++p) {
     const std::int64_t write = v.write_slot[first + p];
-    copy(pool.conv + write * pool.conv_slot,
-         static_cast<const Real*>(conv.raw()) + p * pool.conv_slot, pool.conv_slot);
-    copy(pool.rec + write * pool.rec_slot, static_cast<const Real*>(rec.raw()) + p * pool.rec_slot,
-         pool.rec_slot);
+    conv_pool.write(write, static_cast<const Real*>(conv.raw()) + p * conv_pool.slot);
+    rec_pool.write(write, static_cast<const Real*>(rec.raw()) + p * rec_pool.slot);
+  }
+}
+
+// The conv state after each window position of the decodes into the conv pool, of elements
+// Elem: Real, or bf16 bits (the raw inputs rounded once; the history's rows copied as they are).
+//
+// The conv state after window position t: inputs t - (K - 2) .. t of the window, the
+// negative ones from the history (the read slot's rows, or zeros). Position t writes slot
+// write_slot + t in increasing t and rows in increasing order: a plain decode (one position,
+// reading its own slot) shifts its slot in place, reading each row before it is written. A
+// window whose read slot is among the slots it writes gets a copy of the history first.
+template <class Real, class Elem>
+void write_conv_states(const StepInputs& in, const Pool<Real>& pool, const ValidatedStep& v) {
+  constexpr bool half = !std::is_same_v<Elem, Real>;
+  const std::int64_t k = v.layer.taps, d = v.layer.channels;
+  // Raw inputs copied as they are: qkv contiguous in the pool's type.
+  const bool same =
+      in.qkv.strides[1] == 1 && v.layer.dtype == (half ? DType::bf16 : v.layer.compute_dtype);
+  Elem* base = reinterpret_cast<Elem*>(pool.data);
+  std::vector<Elem> saved;
+  const std::vector<Elem> zeros(static_cast<std::size_t>(k > 1 ? d : 0), Elem{0});
+  for (std::int64_t s = 0; s < v.decode_end; ++s) {
+    const std::int64_t len = v.query_start[s + 1] - v.query_start[s];
+    const std::int64_t read = v.read_slot[s], first_write = v.write_slot[s];
+    const Elem* history = read >= 0 ? base + read * pool.slot : nullptr;
+    if (history != nullptr && len > 1 && read >= first_write && read < first_write + len) {
+      saved.assign(history, history + pool.slot);
+      history = saved.data();
+    }
+    for (std::int64_t t = 0; t < len; ++t) {
+      Elem* to = base + (first_write + t) * pool.slot;
+      for (std::int64_t r = 0; r + 1 < k; ++r) {
+        const std::int64_t j = t - (k - 2) + r;  // input index within the window
+        if (j < 0) {
+          copy(to + r * d, history != nullptr ? history + (k - 1 + j) * d : zeros.data(), d);
+        } else if (same) {
+          copy(to + r * d,
+               static_cast<const Elem*>(in.qkv.data) + (v.query_start[s] + j) * in.qkv.strides[0],
+               d);
+        } else {
+          for (std::int64_t c = 0; c < d; ++c) {
+            const Real x = element<Real>(in.qkv, v.query_start[s] + j, c);
+            if constexpr (half) {
+              to[r * d + c] = detail::bf16_from_float(static_cast<float>(x));
+            } else {
+              to[r * d + c] = x;
+            }
+          }
+        }
+      }
+    }
   }
 }
 
@@ -133,10 +199,11 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   if (n == 0) return;
   const std::int64_t k = v.layer.taps, d = v.layer.channels, cpad = (d + 15) / 16 * 16;
   const std::int64_t tokens = v.query_start[n], hv = o.hv;
-  const DType dtype = v.layer.compute_dtype;   // of the pools and every temporary
+  const DType dtype = v.layer.compute_dtype;   // of every temporary
   const bool narrow = v.layer.dtype != dtype;  // 16-bit qkv and out
-  Pools<Real> pool(pools);
-  // Conv inputs: transposed weights and bias; the conv states are read from the read slots.
+  const Pool<Real> conv_pool(pools.conv_state), rec_pool(pools.recurrent_state);
+  // Conv inputs: transposed weights and bias; the conv states are read from the read slots
+  // (of a bf16 pool: widened first, (K - 1) D per decode).
   Tensor weight(dtype, {k, cpad}), bias(dtype, {cpad});
   detail::conv_parameters(in.conv_weight, in.conv_bias, k, d, cpad,
                           static_cast<Real*>(weight.raw()), static_cast<Real*>(bias.raw()));
@@ -160,42 +227,29 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   conv.x_channel = in.qkv.strides[1];
   conv.weight = static_cast<const std::byte*>(weight.raw());
   conv.bias = static_cast<const std::byte*>(bias.raw());
-  conv.state_in = k > 1 ? reinterpret_cast<const std::byte*>(pool.conv) : nullptr;
-  conv.state_block = v.read_slot.data();
+  Tensor history;
+  std::vector<std::int64_t> history_block;
+  if (k > 1 && conv_pool.bf16) {
+    history = Tensor(dtype, {n, k - 1, d});
+    history_block.assign(static_cast<std::size_t>(n), -1);
+    for (std::int64_t s = 0; s < n; ++s) {
+      if (v.read_slot[s] < 0) continue;
+      conv_pool.read(v.read_slot[s], static_cast<Real*>(history.raw()) + s * conv_pool.slot);
+      history_block[static_cast<std::size_t>(s)] = s;
+    }
+    conv.state_in = static_cast<const std::byte*>(history.raw());
+    conv.state_block = history_block.data();
+  } else {
+    conv.state_in = k > 1 ? static_cast<const std::byte*>(conv_pool.data) : nullptr;
+    conv.state_block = v.read_slot.data();
+  }
   conv.xh = static_cast<std::byte*>(xh.raw());
   cpu::conv_forward(conv, o.isa, o.threads);
 
-  // The conv state after window position t: inputs t - (K - 2) .. t of the window, the
-  // negative ones from the history (the read slot's rows, or zeros). Position t writes slot
-  // write_slot + t in increasing t and rows in increasing order: a plain decode (one position,
-  // reading its own slot) shifts its slot in place, reading each row before it is written. A
-  // window whose read slot is among the slots it writes gets a copy of the history first.
-  std::vector<Real> saved;
-  const std::vector<Real> zeros(static_cast<std::size_t>(k > 1 ? d : 0), Real{0});
-  for (std::int64_t s = 0; s < n; ++s) {
-    const std::int64_t len = v.query_start[s + 1] - v.query_start[s];
-    const std::int64_t read = v.read_slot[s], first_write = v.write_slot[s];
-    const Real* history = read >= 0 ? pool.conv + read * pool.conv_slot : nullptr;
-    if (history != nullptr && len > 1 && read >= first_write && read < first_write + len) {
-      saved.assign(history, history + pool.conv_slot);
-      history = saved.data();
-    }
-    for (std::int64_t t = 0; t < len; ++t) {
-      Real* to = pool.conv + (first_write + t) * pool.conv_slot;
-      for (std::int64_t r = 0; r + 1 < k; ++r) {
-        const std::int64_t j = t - (k - 2) + r;  // input index within the window
-        if (j < 0) {
-          copy(to + r * d, history != nullptr ? history + (k - 1 + j) * d : zeros.data(), d);
-        } else if (in.qkv.strides[1] == 1 && !narrow) {
-          copy(to + r * d,
-               static_cast<const Real*>(in.qkv.data) + (v.query_start[s] + j) * in.qkv.strides[0],
-               d);
-        } else {
-          for (std::int64_t c = 0; c < d; ++c)
-            to[r * d + c] = element<Real>(in.qkv, v.query_start[s] + j, c);
-        }
-      }
-    }
+  if (conv_pool.bf16) {
+    write_conv_states<Real, std::uint16_t>(in, conv_pool, v);
+  } else {
+    write_conv_states<Real, Real>(in, conv_pool, v);
   }
 
   Tensor g(dtype, {tokens, hv}), beta(dtype, {tokens, hv});
@@ -218,8 +272,9 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   p.xh = static_cast<const std::byte*>(xh.raw());
   p.g = static_cast<const std::byte*>(g.raw());
   p.beta = static_cast<const std::byte*>(beta.raw());
-  p.state = reinterpret_cast<std::byte*>(pool.rec);
-  p.slot_elements = pool.rec_slot;
+  p.state_dtype = pools.recurrent_state.dtype;
+  p.state = rec_pool.data;
+  p.slot_elements = rec_pool.slot;
   // 16-bit out: the decode kernel writes float32 rows, rounded into out once.
   const std::int64_t width = hv * o.dv;
   Tensor out32 = narrow ? Tensor(dtype, {tokens, width}) : Tensor{};
@@ -252,7 +307,7 @@ void step_cpu(const StepInputs& in, const StatePools& pools, const MutableTensor
 // states into the next slot.
 void step_reference(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
                     const StepOptions& o, const ValidatedStep& v) {
-  Pools<double> pool(pools);
+  const Pool<double> conv_pool(pools.conv_state), rec_pool(pools.recurrent_state);
   const std::int64_t k = v.layer.taps, d = v.layer.channels;
   for (std::int64_t s = 0; s < v.mixed_end; ++s) {
     const bool decode = s < v.decode_end;
@@ -262,8 +317,8 @@ void step_reference(const StepInputs& in, const StatePools& pools, const Mutable
       const std::int64_t b = decode ? a + 1 : t1;
       Tensor conv(DType::f64, {1, k - 1, d}), rec(DType::f64, {1, o.hv, o.dk, o.dv});
       if (read >= 0) {
-        copy(static_cast<double*>(conv.raw()), pool.conv + read * pool.conv_slot, pool.conv_slot);
-        copy(static_cast<double*>(rec.raw()), pool.rec + read * pool.rec_slot, pool.rec_slot);
+        conv_pool.read(read, static_cast<double*>(conv.raw()));
+        rec_pool.read(read, static_cast<double*>(rec.raw()));
       }
       ref::fused_gdn_fwd(
           LayerInputs{rows(in.qkv, a, b), rows(in.a, a, b), rows(in.b, a, b), in.conv_weight,
@@ -272,9 +327,8 @@ void step_reference(const StepInputs& in, const StatePools& pools, const Mutable
                        MutableTensorView{}, MutableTensorView{}},
           o);
       const std::int64_t write = v.write_slot[s] + (decode ? a - t0 : 0);
-      copy(pool.conv + write * pool.conv_slot, static_cast<const double*>(conv.raw()),
-           pool.conv_slot);
-      copy(pool.rec + write * pool.rec_slot, static_cast<const double*>(rec.raw()), pool.rec_slot);
+      conv_pool.write(write, static_cast<const double*>(conv.raw()));
+      rec_pool.write(write, static_cast<const double*>(rec.raw()));
       read = write;
     }
   }

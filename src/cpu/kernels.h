@@ -70,6 +70,7 @@ struct KernelTable {
   ConvBackwardFn conv_backward[kActivationTypes];  // by activations(x_dtype)
   DecodeItemFn decode_f32;
   DecodeItemFn decode_f64;
+  DecodeItemFn decode_f32_bf16_state;  // float32 compute over a bf16 pool
   // Runs `iterations` rounds of independent fp32 FMA chains at this variant's vector width
   // and returns a value that depends on all of them. FLOPs = iterations * fma_flops_per_round.
   float (*fma_peak_loop)(std::int64_t iterations);

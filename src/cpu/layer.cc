@@ -79,7 +79,9 @@ void conv_backward(const detail::ConvProblem& p, CpuIsa isa, int threads) {
 
 void decode(const detail::DecodeProblem& p, CpuIsa isa, int threads) {
   const KernelTable& table = kernel_table(isa);
-  const DecodeItemFn fn = p.dtype == DType::f64 ? table.decode_f64 : table.decode_f32;
+  const DecodeItemFn fn = p.dtype == DType::f64          ? table.decode_f64
+                          : p.state_dtype == DType::bf16 ? table.decode_f32_bf16_state
+                                                         : table.decode_f32;
   for_each_item(threads > 0 ? threads : default_threads(), p.num_seqs * p.hv * p.vblocks,
                 decode_workspace_bytes(p),
                 [&](std::int64_t item, std::byte* workspace) { fn(p, item, workspace); });

@@ -12,10 +12,21 @@
 // Register block of pass 1: NB vectors of columns, two accumulators each (ks and qs).
 inline constexpr int kRecurrentBlock = GDN_GEMM_NV * 2;
 
-// ks, qs of columns [0, n) of a row-major block (rows ld apart): vector blocks of
-// kRecurrentBlock in registers, the tail column by column. src = null: zeros.
-template <class Real>
-inline void block_products(const Real* src, std::int64_t rows, std::int64_t ld, std::int64_t n,
+// A vector of a state as Real: a row of Real, or of bf16 widened (exactly; a bf16 pool's slot
+// in the serving step's decode, src/cpu/decode-inl.h).
+template <class Real, class State>
+inline Vec<Real> load_state(const State* p) {
+  if constexpr (__is_same(State, Real)) {
+    return load(p);
+  } else {
+    return widen_bf16(p);
+  }
+}
+
+// ks, qs of columns [0, n) of a row-major block (rows ld apart) of State (Real, or bf16):
+// vector blocks of kRecurrentBlock in registers, the tail column by column. src = null: zeros.
+template <class Real, class State>
+inline void block_products(const State* src, std::int64_t rows, std::int64_t ld, std::int64_t n,
                            const Real* k, const Real* q, Real* ks, Real* qs) {
   constexpr int W = kLanes<Real>;
   const std::int64_t whole = n / W * W;
@@ -28,22 +39,22 @@ inline void block_products(const Real* src, std::int64_t rows, std::int64_t ld, 
     Vec<Real> acc_k[kRecurrentBlock] = {}, acc_q[kRecurrentBlock] = {};
     if (nb == kRecurrentBlock) {
       for (std::int64_t r = 0; r < rows; ++r) {
-        const Real* row = src + r * ld + j;
+        const State* row = src + r * ld + j;
         const Real kr = k[r], qr = q[r];
 
 #pragma GCC unroll 16
         for (int v = 0; v < kRecurrentBlock; ++v) {
-          const Vec<Real> sv = load(row + v * W);
+          const Vec<Real> sv = load_state<Real>(row + v * W);
           acc_k[v] += kr * sv;
           acc_q[v] += qr * sv;
         }
       }
     } else {
       for (std::int64_t r = 0; r < rows; ++r) {
-        const Real* row = src + r * ld + j;
+        const State* row = src + r * ld + j;
         const Real kr = k[r], qr = q[r];
         for (int v = 0; v < nb; ++v) {
-          const Vec<Real> sv = load(row + v * W);
+          const Vec<Real> sv = load_state<Real>(row + v * W);
           acc_k[v] += kr * sv;
           acc_q[v] += qr * sv;
         }
@@ -57,8 +68,8 @@ inline void block_products(const Real* src, std::int64_t rows, std::int64_t ld, 
   for (std::int64_t j = whole; j < n; ++j) {
     Real a = 0, b = 0;
     for (std::int64_t r = 0; r < rows; ++r) {
-      a += k[r] * src[r * ld + j];
-      b += q[r] * src[r * ld + j];
+      a += k[r] * static_cast<Real>(src[r * ld + j]);
+      b += q[r] * static_cast<Real>(src[r * ld + j]);
     }
     ks[j] = a;
     qs[j] = b;

@@ -73,6 +73,7 @@ constexpr KernelTable kTable = {
      &conv_backward_item<float, BFloat16>, &conv_backward_item<float, Float16>},
     &decode_item<float>,
     &decode_item<double>,
+    &decode_item<float, BFloat16>,
     &fma_peak_loop,
     2 * kChains * kLanes<float>,
 };

@@ -368,6 +368,7 @@ struct DecodeStep {
             TensorView(state_indices.data(), {3}),
             TensorView(seq_lens.data(), {3}),
             TensorView(distribution.data(), {3}),
+            TensorView{},
             TensorView{}};
   }
 };
@@ -455,6 +456,49 @@ TEST(Plan, EveryDecodeSplitMatchesReference) {
   p.dk = 16;
   p.dv = 64;
   EXPECT_TRUE(same_plan(detail::decode_plan(d.options, v, {}), make_plan(p)));
+}
+
+// The same over bf16 pools (gdn/step.h): every split and thread count gives the bytes of one
+// block on one thread, and those are the float32 pools' (holding the same values) rounded once.
+TEST(Plan, EveryDecodeSplitOverBf16PoolsIsBitIdentical) {
+  DecodeStep d = make_decode_step(DType::f32);
+  auto rounded = [](const Tensor& t) {
+    Tensor r(DType::bf16, t.rank(), t.sizes());
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      static_cast<std::uint16_t*>(r.raw())[i] = bf16_bits(t.data<float>()[i]);
+    return r;
+  };
+  auto widened = [](const Tensor& t) {
+    Tensor r(DType::f32, t.rank(), t.sizes());
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      r.data<float>()[i] = static_cast<float>(test::value_at(t, i));
+    return r;
+  };
+  DecodeStep d16 = make_decode_step(DType::f32);
+  d16.conv_pool = rounded(d.conv_pool);
+  d16.rec_pool = rounded(d.rec_pool);
+  d.conv_pool = widened(d16.conv_pool);
+  d.rec_pool = widened(d16.rec_pool);
+  const StepOut f32 = step_with(d, d.options, 1);
+  const StepOut first = step_with(d16, d16.options, 1);
+  EXPECT_TRUE(test::bit_identical(first.out, f32.out, "out vs float32 pools"));
+  EXPECT_TRUE(test::bit_identical(first.rec_pool, rounded(f32.rec_pool),
+                                  "rec pool vs float32 pools, rounded"));
+  EXPECT_TRUE(test::bit_identical(first.conv_pool, rounded(f32.conv_pool),
+                                  "conv pool vs float32 pools, rounded"));
+  for (std::int64_t vblocks : cpu::vblocks_candidates(d16.options.dv)) {
+    for (int threads : {1, 2, 3}) {
+      StepOptions o = d16.options;
+      o.threads = threads;
+      const std::string what =
+          std::to_string(vblocks) + " column blocks, " + std::to_string(threads) + " threads";
+      const StepOut r = step_with(d16, o, vblocks);
+      EXPECT_TRUE(test::bit_identical(r.out, first.out, "out vs 1 block, " + what));
+      EXPECT_TRUE(test::bit_identical(r.rec_pool, first.rec_pool, "rec pool vs 1 block, " + what));
+      EXPECT_TRUE(
+          test::bit_identical(r.conv_pool, first.conv_pool, "conv pool vs 1 block, " + what));
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -436,8 +436,8 @@ TEST_P(HalfActivations, ServingStepMatchesFloat32StepAndReference) {
   o.dv = dv;
   auto inputs = [&](const Tensor& x, const Tensor& av, const Tensor& bv, const Tensor& w,
                     const Tensor& al, const Tensor& dt) {
-    return StepInputs{x.view(),  av.view(),  bv.view(),  w.view(),    {},          al.view(),
-                      dt.view(), qsl.view(), idx.view(), lens.view(), dist.view(), {}};
+    return StepInputs{x.view(),   av.view(),  bv.view(),   w.view(),    {}, al.view(), dt.view(),
+                      qsl.view(), idx.view(), lens.view(), dist.view(), {}, {}};
   };
   auto copy_of = [](const Tensor& t, DType to) {
     Tensor r(to, t.rank(), t.sizes());
@@ -482,12 +482,12 @@ TEST_P(HalfActivations, ServingStepMatchesFloat32StepAndReference) {
       ASSERT_EQ(test::value_at(out_h, (t_count - 1) * hv * dv + c), 0.0) << what;
     }
   }
-  // Pools in the activation type are a clear error.
-  Tensor conv16(dtype, {slots, k - 1, d}), rec16(dtype, {slots, hv, dk, dv});
+  // f16 pools are a clear error (bf16 pools are allowed: tests/cpu/step_pools_test.cc).
+  Tensor conv16(DType::f16, {slots, k - 1, d}), rec16(DType::f16, {slots, hv, dk, dv});
   try {
     fused_gdn_step(inputs(qkv_h, a_h, b_h, weight, a_log, dt_bias),
                    {conv16.mutable_view(), rec16.mutable_view()}, o);
-    ADD_FAILURE() << "16-bit pools accepted";
+    ADD_FAILURE() << "f16 pools accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_EQ(e.argument(), "conv_state") << e.what();
   }

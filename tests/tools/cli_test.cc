@@ -126,10 +126,19 @@ class Cli : public ::testing::Test {
     test::LayerProblem tokens, pools;
     Tensor query_start_loc, state_indices, seq_lens, distribution, read_offsets;
     StepInputs inputs() const {
-      return {tokens.qkv.view(),         tokens.a.view(),         tokens.b.view(),
-              tokens.conv_weight.view(), tokens.conv_bias.view(), tokens.A_log.view(),
-              tokens.dt_bias.view(),     query_start_loc.view(),  state_indices.view(),
-              seq_lens.view(),           distribution.view(),     read_offsets.view()};
+      return {tokens.qkv.view(),
+              tokens.a.view(),
+              tokens.b.view(),
+              tokens.conv_weight.view(),
+              tokens.conv_bias.view(),
+              tokens.A_log.view(),
+              tokens.dt_bias.view(),
+              query_start_loc.view(),
+              state_indices.view(),
+              seq_lens.view(),
+              distribution.view(),
+              read_offsets.view(),
+              TensorView{}};
     }
     StepOptions options() const {
       StepOptions o;

@@ -26,7 +26,8 @@ namespace gdn::cli {
 
 const char* const kBenchStepHelp = R"HELP(usage: gdn bench --op step [options]
 
-Times one serving step of the fused layer op (gdn::fused_gdn_step, float32, conv K = 4): a
+Times one serving step of the fused layer op (gdn::fused_gdn_step, float32; --pools bf16 for
+bf16 state pools; conv K = 4): a
 batch of sequences over pools of state slots, each sequence reading its conv and recurrent
 state from its slot (when it has history) and writing its new states back, as an inference
 engine calls the layer at every step. For each preset: the step's median latency with min and
@@ -58,6 +59,7 @@ examples:
   gdn bench --op step
   gdn bench --op step --preset decode-1,decode-256 --threads 1
   gdn bench --op step --model qwen3.5-397b --json > step.jsonl
+  gdn bench --op step --preset decode-64,spec-64x4 --pools bf16
 )HELP";
 
 namespace {
@@ -157,12 +159,56 @@ const std::vector<OptionSpec> kStepOptions = {
     {"threads", "N", "worker threads, 0 = all cores (default 0)"},
     {"repeats", "R", "timed steps per preset after the checked first one (default 20)"},
     {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"pools", "DTYPE",
+     "f32 or bf16: the dtype of both state pools (default f32; bf16: float32 compute, each state "
+     "rounded once as it is written, gdn/step.h)"},
     {"json", nullptr, "print one JSON object per preset and nothing else on stdout"},
     {"help", nullptr, "show this help"},
 };
 
 // fp32 tolerance of the checks (docs/numerics.md).
 constexpr double kTolerance = 1e-4;
+// With bf16 pools: the rule of docs/numerics.md for a bf16 slot, kTolerance + 2 x the error of
+// the reference's own states rounded to bf16 (the one rounding a bf16 slot carries more).
+double bf16_pool_tolerance(const Tensor& conv64, const Tensor& rec64) {
+  auto rounding = [](const Tensor& t) {
+    const double* x = t.data<double>();
+    return bench::error_stats(
+               t.numel(),
+               [&](std::int64_t i) {
+                 const std::uint32_t bits =
+                     static_cast<std::uint32_t>(bf16_bits(static_cast<float>(x[i]))) << 16;
+                 float f;
+                 std::memcpy(&f, &bits, sizeof f);
+                 return static_cast<double>(f);
+               },
+               [&](std::int64_t i) { return x[i]; })
+        .normalized();
+  };
+  return kTolerance + 2 * std::max(rounding(conv64), rounding(rec64));
+}
+
+// A float32 pool's bf16 copy; the pool itself rounded to the same values in place, so that the
+// reference's slice starts from them.
+Tensor bf16_copy(Tensor& pool) {
+  Tensor r(DType::bf16, pool.rank(), pool.sizes());
+  auto* to = static_cast<std::uint16_t*>(r.raw());
+  float* from = pool.data<float>();
+  for (std::int64_t i = 0; i < pool.numel(); ++i) {
+    to[i] = bf16_bits(from[i]);
+    const std::uint32_t bits = static_cast<std::uint32_t>(to[i]) << 16;
+    std::memcpy(&from[i], &bits, sizeof bits);
+  }
+  return r;
+}
+void widen_into(const Tensor& pool16, Tensor& pool) {
+  const auto* from = static_cast<const std::uint16_t*>(pool16.raw());
+  float* to = pool.data<float>();
+  for (std::int64_t i = 0; i < pool.numel(); ++i) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(from[i]) << 16;
+    std::memcpy(&to[i], &bits, sizeof bits);
+  }
+}
 
 template <class T>
 void fill_uniform(T* p, std::int64_t n, Random& rng, double lo, double hi) {
@@ -190,7 +236,8 @@ struct StepData {
             state_indices.view(),
             seq_lens.view(),
             distribution.view(),
-            read_offsets.view()};
+            read_offsets.view(),
+            TensorView{}};
   }
   StatePools pools() { return {conv_state.mutable_view(), recurrent_state.mutable_view()}; }
 };
@@ -461,38 +508,51 @@ void parallel_copy(void* to, const std::vector<const void*>& from, std::int64_t 
 // `info`), then timed; batches without prefills also time a copy of their states.
 struct StepMeasurement {
   StepData d;
+  Tensor conv16, rec16;  // bf16 pools (--pools bf16), else absent
   Timing timing;
   double error = 0, gbps = 0, copy_gbps = 0;
   std::int64_t bytes = 0;
 };
 
 int measure_step(const Preset& p, const Model& m, int threads, CpuIsa isa, int repeats,
-                 std::FILE* info, StepMeasurement* result) {
+                 bool bf16_pools, std::FILE* info, StepMeasurement* result) {
   const std::int64_t channels = 2 * m.hk * m.dk + m.hv * m.dv;
   const std::string label = m.name + " " + p.name;
   progress("  %s: generating inputs...", label.c_str());
   result->d = make_step(p, m, threads, isa, 20261202);
   StepData& d = result->d;
+  if (bf16_pools) {
+    result->conv16 = bf16_copy(d.conv_state);
+    result->rec16 = bf16_copy(d.recurrent_state);
+  }
   progress("  %s: float64 reference on the check slice...", label.c_str());
   StepData s = slice_of(d);
   const Tensor ref_out = ref::fused_gdn_step(s.inputs(), s.pools(), s.options);
   progress("  %s: first step...", label.c_str());
   Tensor out(DType::f32, {d.tokens, m.hv * m.dv});
   const StepInputs inputs = d.inputs();
-  const StatePools pools = d.pools();
+  const StatePools pools =
+      bf16_pools ? StatePools{result->conv16.mutable_view(), result->rec16.mutable_view()}
+                 : d.pools();
   auto run = [&] { fused_gdn_step(inputs, pools, out.mutable_view(), d.options); };
   run();  // the checked first run, also the warm-up
+  if (bf16_pools) {
+    widen_into(result->conv16, d.conv_state);
+    widen_into(result->rec16, d.recurrent_state);
+  }
   const double error = check_step(d, s, out, ref_out);
+  const double tolerance =
+      bf16_pools ? bf16_pool_tolerance(s.conv_state, s.recurrent_state) : kTolerance;
   result->error = error;
   s = StepData{};
   progress("%s", "");
   std::fprintf(info,
                "check: %s vs float64 reference (%lld seqs, %lld tokens x %lld heads, "
-               "%lld slots): error %.2e (tolerance %.0e) %s\n",
+               "%lld slots): error %.2e (tolerance %.1e) %s\n",
                label.c_str(), static_cast<long long>(d.seqs), static_cast<long long>(d.live_tokens),
                static_cast<long long>(m.hv / m.hk), static_cast<long long>(d.slots), error,
-               kTolerance, error <= kTolerance ? "PASS" : "FAIL");
-  if (!(error <= kTolerance)) {
+               tolerance, error <= tolerance ? "PASS" : "FAIL");
+  if (!(error <= tolerance)) {
     std::fprintf(stderr,
                  "gdn bench: the step of preset %s does not match the float64 reference; not "
                  "timing it\n",
@@ -503,8 +563,9 @@ int measure_step(const Preset& p, const Model& m, int threads, CpuIsa isa, int r
   const Timing& t = result->timing;
 
   // Bytes the step must move: states read and written, input rows, output rows.
-  const std::int64_t state_bytes = m.hv * m.dk * m.dv * 4;
-  const std::int64_t conv_bytes = (kTaps - 1) * channels * 4;
+  const std::int64_t pool_element = bf16_pools ? 2 : 4;
+  const std::int64_t state_bytes = m.hv * m.dk * m.dv * pool_element;
+  const std::int64_t conv_bytes = (kTaps - 1) * channels * pool_element;
   result->bytes = (d.states_read + d.states_written) * (state_bytes + conv_bytes) +
                   d.live_tokens * (channels + 2 * m.hv + m.hv * m.dv) * 4;
   result->gbps = static_cast<double>(result->bytes) / (t.median_ms * 1e-3) * 1e-9;
@@ -513,12 +574,14 @@ int measure_step(const Preset& p, const Model& m, int threads, CpuIsa isa, int r
   const bool memory_bound = p.prefills.empty();
   if (memory_bound) {
     const std::int64_t copy_bytes = d.states_written * state_bytes;
-    Tensor to(DType::f32, {d.states_written, m.hv, m.dk, m.dv});
+    Tensor to(bf16_pools ? DType::bf16 : DType::f32, {d.states_written, m.hv, m.dk, m.dv});
     std::vector<const void*> from;  // the slots the step writes, where they are in the pool
+    const auto* pool =
+        static_cast<const std::byte*>(bf16_pools ? result->rec16.raw() : d.recurrent_state.raw());
     for (std::int64_t seq = 0; seq < d.decodes; ++seq) {
       const std::int64_t first = d.state_indices.data<std::int64_t>()[seq];
       for (std::int64_t w = 0; w <= d.options.num_spec; ++w) {
-        from.push_back(d.recurrent_state.data<float>() + (first + w) * (state_bytes / 4));
+        from.push_back(pool + (first + w) * state_bytes);
       }
     }
     auto copy = [&] { parallel_copy(to.raw(), from, state_bytes, threads); };
@@ -584,12 +647,14 @@ int bench_step_command(int argc, char** argv) {
   const bool json = args.flag("json");
   const CpuIsa isa = resolve_cpu_isa(isa_option(args));
   if (threads == 0) threads = default_threads();
+  const bool bf16_pools = args.choice("pools", "f32", {"f32", "bf16"}) == "bf16";
+  const char* pools_name = bf16_pools ? "bf16" : "f32";
 
   std::FILE* info = json ? stderr : stdout;
   std::fprintf(info,
-               "gdn bench --op step: fused layer op step over state-slot pools, f32, conv "
-               "K = %lld, chunk 64\n",
-               static_cast<long long>(kTaps));
+               "gdn bench --op step: fused layer op step over state-slot pools, f32 "
+               "activations, %s pools, conv K = %lld, chunk 64\n",
+               pools_name, static_cast<long long>(kTaps));
   std::fprintf(info, "machine: %s; ISA %s; %d thread%s\n", cpu_model_name().c_str(),
                cpu_isa_name(isa), threads, threads == 1 ? "" : "s");
 
@@ -602,7 +667,7 @@ int bench_step_command(int argc, char** argv) {
                  static_cast<long long>(channels));
     for (const Preset* p : presets) {
       StepMeasurement sm;
-      if (measure_step(*p, m, threads, isa, repeats, info, &sm) != 0) return 1;
+      if (measure_step(*p, m, threads, isa, repeats, bf16_pools, info, &sm) != 0) return 1;
       const StepData& d = sm.d;
       const Timing& t = sm.timing;
       const double error = sm.error, gbps = sm.gbps, copy_gbps = sm.copy_gbps;
@@ -617,20 +682,22 @@ int bench_step_command(int argc, char** argv) {
         }
         std::printf(
             "{\"op\": \"step\", \"preset\": \"%s\", \"model\": \"%s\", \"dtype\": \"f32\", "
-            "\"isa\": \"%s\", \"threads\": %d, \"hk\": %lld, \"hv\": %lld, \"dk\": %lld, "
+            "\"pools\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"hk\": %lld, \"hv\": %lld, "
+            "\"dk\": %lld, "
             "\"dv\": %lld, \"channels\": %lld, \"taps\": %lld, \"num_spec\": %lld, \"seqs\": "
             "%lld, \"decodes\": %lld, \"prefills\": %lld, \"tokens\": %lld, \"slots\": %lld, "
             "\"repeats\": %d, \"median_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, "
             "\"tokens_per_s\": %.1f, \"bytes\": %lld, \"gbps\": %.2f, %s, \"check_error\": "
             "%.3e}\n",
-            p->name, m.name.c_str(), cpu_isa_name(isa), threads, static_cast<long long>(m.hk),
-            static_cast<long long>(m.hv), static_cast<long long>(m.dk),
-            static_cast<long long>(m.dv), static_cast<long long>(channels),
-            static_cast<long long>(kTaps), static_cast<long long>(d.options.num_spec),
-            static_cast<long long>(d.seqs), static_cast<long long>(d.decodes),
-            static_cast<long long>(d.prefills), static_cast<long long>(d.live_tokens),
-            static_cast<long long>(d.slots), repeats, t.median_ms, t.min_ms, t.max_ms, tokens_per_s,
-            static_cast<long long>(bytes), gbps, copy_fields, error);
+            p->name, m.name.c_str(), pools_name, cpu_isa_name(isa), threads,
+            static_cast<long long>(m.hk), static_cast<long long>(m.hv),
+            static_cast<long long>(m.dk), static_cast<long long>(m.dv),
+            static_cast<long long>(channels), static_cast<long long>(kTaps),
+            static_cast<long long>(d.options.num_spec), static_cast<long long>(d.seqs),
+            static_cast<long long>(d.decodes), static_cast<long long>(d.prefills),
+            static_cast<long long>(d.live_tokens), static_cast<long long>(d.slots), repeats,
+            t.median_ms, t.min_ms, t.max_ms, tokens_per_s, static_cast<long long>(bytes), gbps,
+            copy_fields, error);
         std::fflush(stdout);
       } else {
         char range[64], copy_text[32] = "-", pct[32] = "-", row[320];
@@ -669,8 +736,8 @@ int run_decode_bench(const DecodeBenchConfig& config, DecodeBenchResult* result)
   const Model model{"suite", config.hk, config.hv, config.dk, config.dv};
   reset_peak_rss();
   StepMeasurement sm;
-  if (measure_step(preset, model, config.threads, config.isa, config.repeats, config.info, &sm) !=
-      0) {
+  if (measure_step(preset, model, config.threads, config.isa, config.repeats, false, config.info,
+                   &sm) != 0) {
     return 1;
   }
   result->timing = sm.timing;

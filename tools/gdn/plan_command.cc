@@ -313,6 +313,7 @@ struct DecodeData {
             state_indices.view(),
             seq_lens.view(),
             distribution.view(),
+            TensorView{},
             TensorView{}};
   }
   StatePools pools() { return {conv_pool.mutable_view(), state_pool.mutable_view()}; }

@@ -40,7 +40,10 @@ Reads from --in (float32 or float64, C order, one dtype for all floats; indices 
   seq_lens.npy             [N]: each sequence's total length after this step (history when
                            more than its query length)
   distribution.npy         [3]: decode_end, prefill_end, mixed_end
-  read_offsets.npy         optional, [N]: a sequence reads slot state_indices + read_offsets
+  read_state_indices.npy   optional, [N]: the base of the slot a sequence reads (default
+                           state_indices; prefix caching)
+  read_offsets.npy         optional, [N]: a sequence reads slot read_state_indices +
+                           read_offsets
 Writes to --out (created if missing; it may be --in, to step again), in the input dtype:
   out.npy [T, HV DV], and the updated pools conv_state.npy and recurrent_state.npy
 A decode window of n tokens (1 to 1 + --num-spec) writes the states after its token t into
@@ -90,6 +93,7 @@ const char* const kStepFiles[] = {"qkv",
                                   "seq_lens",
                                   "distribution",
                                   "read_offsets",
+                                  "read_state_indices",
                                   "out"};
 
 StepOptions step_options_from(const Args& args) {
@@ -131,7 +135,7 @@ Tensor to_f64(const Tensor& t) {
 struct StepTensors {
   Tensor qkv, a, b, conv_weight, conv_bias, A_log, dt_bias;
   Tensor conv_state, recurrent_state;
-  Tensor query_start_loc, state_indices, seq_lens, distribution, read_offsets;
+  Tensor query_start_loc, state_indices, seq_lens, distribution, read_offsets, read_state_indices;
   StepInputs inputs() const {
     return {qkv.view(),
             a.view(),
@@ -144,7 +148,8 @@ struct StepTensors {
             state_indices.view(),
             seq_lens.view(),
             distribution.view(),
-            read_offsets.view()};
+            read_offsets.view(),
+            read_state_indices.view()};
   }
   StatePools pools() { return {conv_state.mutable_view(), recurrent_state.mutable_view()}; }
 };
@@ -172,6 +177,7 @@ StepTensors load_step_inputs(const std::filesystem::path& dir) {
   t.seq_lens = load_index(dir / "seq_lens.npy", true);
   t.distribution = load_index(dir / "distribution.npy", true);
   t.read_offsets = load_index(dir / "read_offsets.npy", false);
+  t.read_state_indices = load_index(dir / "read_state_indices.npy", false);
   return t;
 }
 
@@ -191,6 +197,7 @@ StepTensors to_f64(const StepTensors& t) {
   w.seq_lens = to_f64(t.seq_lens);
   w.distribution = to_f64(t.distribution);
   w.read_offsets = to_f64(t.read_offsets);
+  w.read_state_indices = to_f64(t.read_state_indices);
   return w;
 }
 
