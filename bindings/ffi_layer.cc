@@ -155,19 +155,10 @@ ffi::Error step(ffi::AnyBuffer qkv, ffi::AnyBuffer b, ffi::AnyBuffer a, ffi::Any
     in.state_indices = slots.view();
     in.distribution = dist.view();
     in.seq_lens = lens.view();
-    if (has_read_offsets) in.read_offsets = offsets.emplace(read_offsets, "read_offsets").view();
-    // TEMPORARY until StepInputs has read_state_indices: read slot = state_indices + offsets.
-    std::vector<std::int64_t> mapped;
     if (has_read_state_indices) {
-      read_slots.emplace(read_state_indices, "read_state_indices");
-      const auto n = slots.view().numel();
-      const auto* w = static_cast<const std::int64_t*>(slots.view().data);
-      const auto* r = static_cast<const std::int64_t*>(read_slots->view().data);
-      const auto* ro = has_read_offsets ? static_cast<const std::int64_t*>(offsets->view().data) : nullptr;
-      mapped.resize(static_cast<std::size_t>(n));
-      for (std::int64_t s = 0; s < n; ++s) mapped[s] = r[s] + (ro ? ro[s] : 0) - w[s];
-      in.read_offsets = TensorView(mapped.data(), {n});
+      in.read_state_indices = read_slots.emplace(read_state_indices, "read_state_indices").view();
     }
+    if (has_read_offsets) in.read_offsets = offsets.emplace(read_offsets, "read_offsets").view();
     StepOptions options;
     static_cast<LayerOptions&>(options) = layer_options(hk, hv, dk, dv, 0, false, threads);
     options.num_spec = num_spec;

@@ -192,7 +192,7 @@ void check_step(const Spec& qkv, const Spec& b, const Spec& a, const Spec& conv_
   in.state_indices = views.index(state_indices, "state_indices", zero);
   in.distribution = views.index(distribution, "distribution", zero);
   in.seq_lens = views.index(seq_lens, "seq_lens", zero);
-  views.index(read_state_indices, "read_state_indices", zero);  // shape checked at run time
+  in.read_state_indices = views.index(read_state_indices, "read_state_indices", zero);
   in.read_offsets = views.index(read_offsets, "read_offsets", zero);
   const StatePools pools{views.mutable_view(conv_pool, "conv_state"),
                          views.mutable_view(recurrent_pool, "recurrent_state")};

@@ -138,3 +138,28 @@ def test_static_errors_raise_when_traced():
     batch.rec_pool = batch.rec_pool[:, :, :, :4]
     with pytest.raises(ValueError, match=r"argument 'recurrent_state'"):
         batch.run()
+
+
+def test_bf16_pools_give_the_float32_pools_result_rounded_once():
+    bf16 = mixed_batch(pool_dtype=jnp.bfloat16)
+    (conv16, rec16), out16 = bf16.run()
+    assert conv16.dtype == jnp.bfloat16 and rec16.dtype == jnp.bfloat16
+    f32 = mixed_batch(pool_dtype=jnp.bfloat16)  # the same bf16 values, held as float32
+    f32.conv_pool = f32.conv_pool.astype(np.float32)
+    f32.rec_pool = f32.rec_pool.astype(np.float32)
+    (conv32, rec32), out32 = f32.run()
+    np.testing.assert_array_equal(np.asarray(out16), np.asarray(out32))
+    np.testing.assert_array_equal(np.asarray(conv16), np.asarray(conv32.astype(jnp.bfloat16)))
+    np.testing.assert_array_equal(np.asarray(rec16), np.asarray(rec32.astype(jnp.bfloat16)))
+    check(bf16, pool_tol=2.0 ** -8)  # against the float64 step on the same bf16 start values
+
+
+def test_tokamax_padded_metadata_decreasing_tail_and_clamped_distribution():
+    # Tokamax's padded_mixed_prefill: live offsets, then a tail of 1s; padding entries hold
+    # seq_lens 0 and slot 0. And its prefill case: N = 1 with distribution [0, 0, 3].
+    lens = [20, 10, 5, 3, 2]
+    qsl = [0, 20, 30, 35, 38, 40] + [1] * 4
+    batch = Batch(4, 44, qsl, [1, 2, 3, 4, 5] + [0] * 4, [0, 5, 5], lens + [0] * 4)
+    _, _, out = check(batch)
+    np.testing.assert_array_equal(np.asarray(out[40:]), 0)
+    check(Batch(5, 16, [0, 16], [6], [0, 0, 3], [16]))
