@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/compare.h"
+#include "common/isas.h"
 #include "common/layer_problem.h"
 #include "common/problem.h"
 
@@ -35,13 +36,7 @@ constexpr double kF32Tolerance = 1e-4;
 constexpr double kF64Tolerance = 1e-12;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-std::vector<CpuIsa> compiled_isas() {
-  std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
-    if (cpu_isa_available(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
+std::vector<CpuIsa> compiled_isas() { return test::runnable_isas(); }
 
 // ---------------------------------------------------------------------------------------------
 // Problems.

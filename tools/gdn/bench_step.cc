@@ -156,7 +156,7 @@ const std::vector<OptionSpec> kStepOptions = {
     {"dv", "DV", "value head dim, 1 to 256"},
     {"threads", "N", "worker threads, 0 = all cores (default 0)"},
     {"repeats", "R", "timed steps per preset after the checked first one (default 20)"},
-    {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"isa", "ISA", "CPU variant: auto, generic, avx2, avx512 or avx512_bf16 (default auto)"},
     {"json", nullptr, "print one JSON object per preset and nothing else on stdout"},
     {"help", nullptr, "show this help"},
 };

@@ -73,7 +73,7 @@ const std::vector<OptionSpec> kSuiteOptions = {
     {"threads", "LIST", "thread counts, comma separated, all = all cores (default 1,all)"},
     {"repeats", "R",
      "timed runs per case after one warm-up (default 3; the decode step: max(R, 20))"},
-    {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"isa", "ISA", "CPU variant: auto, generic, avx2, avx512 or avx512_bf16 (default auto)"},
     {"dtypes", "LIST",
      "activation dtypes of the forward and backward cases, comma separated: f32, bf16, f16 "
      "(default f32,bf16; the decode step is f32)"},
