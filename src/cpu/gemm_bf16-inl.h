@@ -14,9 +14,9 @@
 // as zero; the sums differ in order (pairs) and in vdpbf16ps flushing subnormal float32
 // results, which the bf16-operand tolerance covers (docs/numerics.md).
 //
-// The shapes: the parts of A that kLowerA / kUpperA declare zero are packed as zeros (the
-// caller's memory there holds other data), so a tile's k range can be widened to whole pairs:
-// the extra products are exact zeros for finite B.
+// The shapes: the parts of A that kLowerA / kUpperA declare zero are packed as zeros, whatever
+// the caller's memory holds there, so a tile's k range can be widened to whole pairs: the extra
+// products are exact zeros for finite B.
 
 // Lanes l of 16 with from <= base + l <= to.
 inline __mmask16 lane_range(std::int64_t base, std::int64_t from, std::int64_t to) {
