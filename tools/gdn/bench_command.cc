@@ -50,7 +50,8 @@ AVX512_BF16) the products run on vdpbf16ps with float32 accumulation; other vari
 float32 registers and multiply in float32, which gives the numerics of bf16 operands, not
 their speed. Its check tolerance adds 6 times the error of the reference rounded to bf16
 (docs/numerics.md, "bf16 matrix operands"). --matmul both times every case with float32
-operands, then with bf16 ones, in one run, and prints the ratios of their medians.
+activations and operands, then with bf16 operands (and the --dtype activations), in one run,
+and prints the ratios of their medians: the bf16 mode against the float32 forward.
 
 options:
 %s
@@ -206,7 +207,9 @@ int bench_command(int argc, char** argv) {
                static_cast<long long>(hk), static_cast<long long>(hv), static_cast<long long>(dk),
                static_cast<long long>(dv), static_cast<long long>(seqs),
                static_cast<long long>(tokens),
-               dtype == DType::f32 ? "f32" : (dtype_arg + " activations, float32 state").c_str(),
+               dtype == DType::f32 ? "f32"
+               : both ? ("f32 then " + dtype_arg + " activations, float32 state").c_str()
+                      : (dtype_arg + " activations, float32 state").c_str(),
                chunk, requested_chunk == 0 ? " (the tiling plan's)" : "",
                matmul != MatmulPrecision::bf16 ? ""
                : isa == CpuIsa::avx512_bf16
@@ -237,19 +240,20 @@ int bench_command(int argc, char** argv) {
   config.breakdown = args.flag("breakdown");
   if (!both) return run_core_bench(config, nullptr);
 
-  // One process, one input set, float32 operands first: the ratio a host's drift disturbs least.
-  if (dtype != DType::f32) {
-    throw UsageError("option '--matmul both': bf16 operands need --dtype f32, given " + dtype_arg);
-  }
+  // One process, inputs from one seed, the float32 pass first: the ratio a host's drift
+  // disturbs least. The first pass is always the float32 forward (float32 activations too).
   std::vector<CoreCaseResult> f32_rows, bf16_rows;
   config.matmul = MatmulPrecision::compute;
-  if (!json) std::printf("\n-- float32 matrix operands --\n");
+  config.dtype = DType::f32;
+  if (!json) std::printf("\n-- float32 activations, float32 matrix operands --\n");
   if (run_core_bench(config, &f32_rows) != 0) return 1;
   config.matmul = MatmulPrecision::bf16;
-  if (!json) std::printf("\n-- bf16 matrix operands --\n");
+  config.dtype = dtype;
+  if (!json) std::printf("\n-- %s activations, bf16 matrix operands --\n", dtype_arg.c_str());
   if (run_core_bench(config, &bf16_rows) != 0) return 1;
   std::FILE* out = json ? stderr : stdout;
-  std::fprintf(out, "\nbf16 matrix operands vs float32 ones, same run (median):\n");
+  std::fprintf(out, "\nbf16 matrix operands (%s activations) vs float32, same run (median):\n",
+               dtype_arg.c_str());
   for (const CoreCaseResult& b : bf16_rows) {
     for (const CoreCaseResult& f : f32_rows) {
       if (f.op != b.op || f.impl != b.impl || f.residuals != b.residuals || f.impl != "chunked") {
