@@ -6,7 +6,13 @@
 // call that fails the check is not timed. Not part of the library or the test suite; build
 // with -DGDN_BUILD_DEV=ON (each library only when CMake finds it, see dev/CMakeLists.txt):
 //
-//   build/.../dev/gemm_compare [--json] [--trials N] [--isa avx2|avx512|generic]
+//   build/.../dev/gemm_compare [--json] [--trials N] [--isa avx2|avx512|generic] [--bf16]
+//
+// --bf16: the operands are bf16 values (float32 buffers holding bf16-rounded numbers, so the
+// float64 reference is that of the bf16 operands), and beside the float32 rows it times our
+// bf16-operand product (the avx512_bf16 variant's vdpbf16ps kernel, packing from the float32
+// buffers included) and oneDNN's bf16 matmul (bf16 copies made outside the timed call,
+// float32 output). The % peak of a bf16 row is of the vdpbf16ps peak measured in the run.
 //
 // The figures it prints are the comparison quoted in docs/perf.md.
 #include <algorithm>
@@ -24,7 +30,9 @@
 #include <vector>
 
 #include "cpu/kernels.h"
+#include "cpu/workspace.h"
 #include "gdn/runtime.h"
+#include "gdn/tensor.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -107,7 +115,8 @@ float* alloc_floats(std::int64_t n) {
   return static_cast<float*>(std::aligned_alloc(64, bytes));
 }
 
-Operands make_operands(const Shape& s) {
+// With bf16, every operand element is rounded to bf16 (nearest even) before use.
+Operands make_operands(const Shape& s, bool bf16) {
   Operands o;
   o.lda = s.trans_a ? s.m : s.k;
   o.ldb = s.trans_b ? s.k : s.n;
@@ -122,8 +131,12 @@ Operands make_operands(const Shape& s) {
                                   static_cast<double>(1ull << 23) -
                               1.0);
   };
-  for (std::int64_t i = 0; i < s.m * s.k; ++i) o.a[i] = uniform();
-  for (std::int64_t i = 0; i < s.k * s.n; ++i) o.b[i] = uniform();
+  auto value = [&]() {
+    const float u = uniform();
+    return bf16 ? gdn::bf16_value(gdn::bf16_bits(u)) : u;
+  };
+  for (std::int64_t i = 0; i < s.m * s.k; ++i) o.a[i] = value();
+  for (std::int64_t i = 0; i < s.k * s.n; ++i) o.b[i] = value();
   auto a_at = [&](std::int64_t i, std::int64_t p) {
     return static_cast<double>(s.trans_a ? o.a[p * o.lda + i] : o.a[i * o.lda + p]);
   };
@@ -174,6 +187,7 @@ struct Row {
   std::string library;
   std::string kernel;  // which kernel the library chose, or why there is no figure
   bool ran = false;
+  bool bf16 = false;  // a bf16-operand kernel: % peak of the vdpbf16ps peak
   double error = 0;
   std::function<void(std::int64_t)> run;  // the checked call, `reps` times in a row
   Timing timing;
@@ -275,11 +289,14 @@ void skip(std::vector<Row>& rows, const Shape& s, std::string library, std::stri
 
 int main(int argc, char** argv) {
   bool json = false;
+  bool bf16 = false;
   int trials = 9;
   gdn::CpuIsa requested = gdn::CpuIsa::automatic;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
+    } else if (std::strcmp(argv[i], "--bf16") == 0) {
+      bf16 = true;
     } else if (std::strcmp(argv[i], "--trials") == 0 && i + 1 < argc) {
       trials = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--isa") == 0 && i + 1 < argc &&
@@ -290,7 +307,7 @@ int main(int argc, char** argv) {
                   : std::strcmp(name, "avx2") == 0 ? gdn::CpuIsa::avx2
                                                    : gdn::CpuIsa::generic;
     } else {
-      std::fprintf(stderr, "usage: %s [--json] [--trials N] [--isa avx2|avx512|generic]\n",
+      std::fprintf(stderr, "usage: %s [--json] [--trials N] [--isa avx2|avx512|generic] [--bf16]\n",
                    argv[0]);
       return 2;
     }
@@ -315,7 +332,8 @@ int main(int argc, char** argv) {
   }
 #endif
 #ifdef GDN_DEV_HAVE_OURS_AVX512
-  if (isa == gdn::CpuIsa::avx512) {
+  // avx512_bf16's float32 product is avx512's (only its bf16-operand path differs).
+  if (isa == gdn::CpuIsa::avx512 || isa == gdn::CpuIsa::avx512_bf16) {
     ours = &gdn::dev::ours_gemm_avx512;
     ours_tile = gdn::dev::ours_tile_avx512();
   }
@@ -349,11 +367,17 @@ int main(int argc, char** argv) {
   // The FMA peak of the best ISA on one core, measured before and after the products; the
   // higher of the two counts (the machine is shared: a disturbed measurement only drops).
   double peak = gdn::cpu::measure_fma_peak_gflops(peak_isa, 1);
+  const bool have_dot = gdn::cpu_isa_available(gdn::CpuIsa::avx512_bf16);
+  double dot_peak =
+      bf16 && have_dot ? gdn::cpu::measure_bf16_dot_peak_gflops(gdn::CpuIsa::avx512_bf16, 1) : 0;
 
   std::vector<Row> rows;
   for (const Shape& s : kShapes) {
-    Operands o = make_operands(s);
+    Operands o = make_operands(s, bf16);
     const std::size_t first = rows.size();
+    // bf16 rows: our scratch, oneDNN's bf16 copies (alive until the shape's rows are timed).
+    std::vector<float> bf16_scratch;
+    std::vector<std::uint16_t> a16, b16;
     // Ours: A may be read transposed (a_row, a_col); B's rows must be contiguous along n.
     if (s.trans_b) {
       skip(rows, s, "ours", "n/a: B is read by rows (the forward packs K^T, chunk_pack_qk)");
@@ -366,6 +390,26 @@ int main(int argc, char** argv) {
           [ours, &s, &o, a_row, a_col] {
             ours(s.m, s.n, s.k, o.a, a_row, a_col, o.b, o.ldb, o.c, o.ldc);
           });
+    }
+    if (bf16 && !have_dot) {
+      skip(rows, s, "ours bf16",
+           std::string("n/a: avx512_bf16 ") +
+               gdn::cpu_isa_unavailable_reason(gdn::CpuIsa::avx512_bf16));
+    } else if (bf16 && (s.trans_b || s.n % 16 != 0)) {
+      skip(rows, s, "ours bf16", "n/a: as ours");
+    } else if (bf16) {
+      const std::int64_t a_row = s.trans_a ? 1 : o.lda, a_col = s.trans_a ? o.lda : 1;
+      bf16_scratch.assign(
+          static_cast<std::size_t>(gdn::cpu::bf16_scratch_elements(s.k, s.n, s.m) + 16), 0.0f);
+      float* scratch = bf16_scratch.data();
+      scratch += (16 - reinterpret_cast<std::uintptr_t>(scratch) / sizeof(float) % 16) % 16;
+      const gdn::cpu::GemmFn dot = gdn::cpu::kernel_table(gdn::CpuIsa::avx512_bf16).gemm_f32;
+      add(rows, s, o, "ours bf16",
+          "gemm_bf16-inl.h avx512_bf16, vdpbf16ps 8 x 2 vectors, packing from float32 timed",
+          [dot, &s, &o, a_row, a_col, scratch] {
+            dot(false, s.m, s.n, s.k, o.a, a_row, a_col, o.b, o.ldb, o.c, o.ldc, 1.0f, 0, scratch);
+          });
+      rows.back().bf16 = true;
     }
 #ifdef GDN_DEV_HAVE_HWY
     if (s.trans_b || s.n % 16 != 0) {
@@ -453,11 +497,40 @@ int main(int argc, char** argv) {
             stream.wait();
           });
     }
+    if (bf16) {
+      using dnnl::memory;
+      a16.resize(static_cast<std::size_t>(s.m * s.k));
+      b16.resize(static_cast<std::size_t>(s.k * s.n));
+      for (std::size_t i = 0; i < a16.size(); ++i) a16[i] = gdn::bf16_bits(o.a[i]);
+      for (std::size_t i = 0; i < b16.size(); ++i) b16[i] = gdn::bf16_bits(o.b[i]);
+      const memory::desc a_md({s.m, s.k}, memory::data_type::bf16,
+                              s.trans_a ? memory::dims{1, o.lda} : memory::dims{o.lda, 1});
+      const memory::desc b_md({s.k, s.n}, memory::data_type::bf16,
+                              s.trans_b ? memory::dims{1, o.ldb} : memory::dims{o.ldb, 1});
+      const memory::desc c_md({s.m, s.n}, memory::data_type::f32, memory::dims{o.ldc, 1});
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
+      const dnnl::matmul prim(pd);
+      const std::unordered_map<int, memory> args = {
+          {DNNL_ARG_SRC, memory(a_md, engine, a16.data())},
+          {DNNL_ARG_WEIGHTS, memory(b_md, engine, b16.data())},
+          {DNNL_ARG_DST, memory(c_md, engine, o.c)}};
+      add(rows, s, o, "oneDNN bf16",
+          std::string("matmul ") + pd.impl_info_str() + ", bf16 in (converted untimed), f32 out",
+          [prim, args, &stream] {
+            prim.execute(stream, args);
+            stream.wait();
+          });
+      rows.back().bf16 = true;
+    }
 #endif
     time_rows(rows, first, trials);
     free_operands(o);
   }
   peak = std::max(peak, gdn::cpu::measure_fma_peak_gflops(peak_isa, 1));
+  if (bf16 && have_dot) {
+    dot_peak =
+        std::max(dot_peak, gdn::cpu::measure_bf16_dot_peak_gflops(gdn::CpuIsa::avx512_bf16, 1));
+  }
 
   const std::string machine = cpu_model();
   if (json) {
@@ -479,7 +552,7 @@ int main(int argc, char** argv) {
             "\"calls_per_trial\": %lld, \"gflops\": %.2f, \"pct_peak\": %.2f",
             r.error, r.timing.median_us, r.timing.min_us, r.timing.max_us,
             static_cast<long long>(r.timing.calls_per_trial), flops / r.timing.median_us * 1e-3,
-            100.0 * flops / r.timing.median_us * 1e-3 / peak);
+            100.0 * flops / r.timing.median_us * 1e-3 / (r.bf16 ? dot_peak : peak));
       }
       std::printf("}\n");
     }
@@ -487,14 +560,20 @@ int main(int argc, char** argv) {
   }
 
   std::printf(
-      "matrix products on the chunk shapes (C = 64, d = 128): float32, row-major, 1 thread,"
+      "matrix products on the chunk shapes (C = 64, d = 128): %s, row-major, 1 thread,"
       " in cache, median of %d trials\n",
-      trials);
+      bf16 ? "bf16 operand values (float32 and bf16 kernels)" : "float32", trials);
   std::printf("machine: %s; ISA %s%s%s%s\n", machine.c_str(), gdn::cpu_isa_name(peak_isa),
               isa != peak_isa ? " (ours: " : "", isa != peak_isa ? gdn::cpu_isa_name(isa) : "",
               isa != peak_isa ? ")" : "");
   std::printf("fp32 FMA peak, measured now (%s, 1 thread): %.1f GFLOP/s\n",
               gdn::cpu_isa_name(peak_isa), peak);
+  if (dot_peak > 0) {
+    std::printf(
+        "bf16 dot peak (vdpbf16ps), measured now (avx512_bf16, 1 thread): %.1f GFLOP/s "
+        "(the %% peak of the bf16 rows)\n",
+        dot_peak);
+  }
 #ifdef GDN_DEV_HAVE_OPENBLAS
   std::printf("OpenBLAS: %s; %d thread(s)\n", openblas_get_config(), openblas_get_num_threads());
 #endif
@@ -509,14 +588,14 @@ int main(int argc, char** argv) {
   std::printf(
       "error = max|c - ref| / rms(ref) against a float64 product (1e-4 or the call is not"
       " timed)\n\n");
-  std::printf("%-34s %-2s %4s %4s %4s  %-8s %9s %21s %8s %7s %9s  %s\n", "shape", "op", "M", "N",
+  std::printf("%-34s %-2s %4s %4s %4s  %-11s %9s %21s %8s %7s %9s  %s\n", "shape", "op", "M", "N",
               "K", "library", "median us", "(min - max)", "GFLOP/s", "% peak", "error", "kernel");
   const Shape* last = nullptr;
   for (const Row& r : rows) {
     const Shape& s = *r.shape;
     if (last != nullptr && last != &s) std::printf("\n");
     last = &s;
-    std::printf("%-34s %-2s %4lld %4lld %4lld  %-8s ", s.name, op_name(s),
+    std::printf("%-34s %-2s %4lld %4lld %4lld  %-11s ", s.name, op_name(s),
                 static_cast<long long>(s.m), static_cast<long long>(s.n),
                 static_cast<long long>(s.k), r.library.c_str());
     if (!r.ran) {
@@ -529,7 +608,7 @@ int main(int argc, char** argv) {
     char range[64];
     std::snprintf(range, sizeof range, "(%.3f - %.3f)", r.timing.min_us, r.timing.max_us);
     std::printf("%9.3f %21s %8.1f %6.1f%% %9.2e  %s\n", r.timing.median_us, range, gflops,
-                100.0 * gflops / peak, r.error, r.kernel.c_str());
+                100.0 * gflops / (r.bf16 ? dot_peak : peak), r.error, r.kernel.c_str());
   }
   return 0;
 }

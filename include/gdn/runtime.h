@@ -11,21 +11,29 @@ inline constexpr const char* kVersion = "0.1.0";
 // answers to the same float64 reference; results are bit-identical across thread counts for
 // one variant, not across variants (FMA contraction and vector width differ).
 enum class CpuIsa : std::uint8_t {
-  automatic,  // the best variant this CPU supports, or the one named by $GDN_CPU_ISA
-  generic,    // portable C++ with 16-byte vector extensions: runs anywhere
-  avx2,       // x86-64 AVX2 + FMA + F16C
-  avx512,     // x86-64 AVX-512 F/BW/DQ/VL + F16C
+  automatic,    // the best variant this CPU supports, or the one named by $GDN_CPU_ISA
+  generic,      // portable C++ with 16-byte vector extensions: runs anywhere
+  avx2,         // x86-64 AVX2 + FMA + F16C
+  avx512,       // x86-64 AVX-512 F/BW/DQ/VL + F16C
+  avx512_bf16,  // avx512 + AVX512_BF16: bf16-operand products (MatmulPrecision::bf16) on
+                // vdpbf16ps; every other kernel is avx512's
 };
 
-// "automatic", "generic", "avx2", "avx512".
+// "automatic", "generic", "avx2", "avx512", "avx512_bf16".
 const char* cpu_isa_name(CpuIsa isa);
 
 // True when the variant is compiled into this library and this CPU can run it.
 // `automatic` is always available.
 bool cpu_isa_available(CpuIsa isa);
 
+// Why the variant is unavailable: null when available, else "not compiled into this build" or
+// "this CPU lacks <feature>" naming the first missing CPU feature as /proc/cpuinfo spells it
+// (e.g. "avx512_bf16"). The text lives until the calling thread's next call.
+const char* cpu_isa_unavailable_reason(CpuIsa isa);
+
 // The variant a call with `requested` runs. `automatic` resolves to the environment variable
-// GDN_CPU_ISA when it is set (to generic, avx2 or avx512), else to the best available variant.
+// GDN_CPU_ISA when it is set (to generic, avx2, avx512 or avx512_bf16), else to the best
+// available variant.
 // Throws gdn::RuntimeError when the requested (or environment-named) variant is unavailable.
 CpuIsa resolve_cpu_isa(CpuIsa requested);
 

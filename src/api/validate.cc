@@ -291,8 +291,9 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
          std::to_string(static_cast<int>(options.algorithm)));
   }
   if (options.isa != CpuIsa::automatic && options.isa != CpuIsa::generic &&
-      options.isa != CpuIsa::avx2 && options.isa != CpuIsa::avx512) {
-    fail("options.isa", "automatic, generic, avx2 or avx512",
+      options.isa != CpuIsa::avx2 && options.isa != CpuIsa::avx512 &&
+      options.isa != CpuIsa::avx512_bf16) {
+    fail("options.isa", "automatic, generic, avx2, avx512 or avx512_bf16",
          std::to_string(static_cast<int>(options.isa)));
   }
   check_matmul_precision(options.matmul_precision, shape.compute_dtype);
@@ -510,8 +511,9 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
          std::to_string(options.threads));
   }
   if (options.isa != CpuIsa::automatic && options.isa != CpuIsa::generic &&
-      options.isa != CpuIsa::avx2 && options.isa != CpuIsa::avx512) {
-    fail("options.isa", "automatic, generic, avx2 or avx512",
+      options.isa != CpuIsa::avx2 && options.isa != CpuIsa::avx512 &&
+      options.isa != CpuIsa::avx512_bf16) {
+    fail("options.isa", "automatic, generic, avx2, avx512 or avx512_bf16",
          std::to_string(static_cast<int>(options.isa)));
   }
   for (const auto& [name, view] : {std::pair<const char*, const TensorView*>{"qkv", &in.qkv},

@@ -23,24 +23,37 @@ const KernelTable* kernels_avx2() { return nullptr; }
 #ifndef GDN_HAVE_AVX512
 const KernelTable* kernels_avx512() { return nullptr; }
 #endif
+#ifndef GDN_HAVE_AVX512_BF16
+const KernelTable* kernels_avx512_bf16() { return nullptr; }
+#endif
 
 namespace {
 
-bool cpu_supports(CpuIsa isa) {
+// The first CPU feature `isa` needs that this CPU lacks (as /proc/cpuinfo spells it), or null.
+const char* missing_feature(CpuIsa isa) {
 #if defined(__x86_64__) || defined(__i386__)
   switch (isa) {
     case CpuIsa::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      if (!__builtin_cpu_supports("avx2")) return "avx2";
+      if (!__builtin_cpu_supports("fma")) return "fma";
+      if (!__builtin_cpu_supports("f16c")) return "f16c";
+      return nullptr;
+    case CpuIsa::avx512_bf16:
+      if (const char* base = missing_feature(CpuIsa::avx512)) return base;
+      if (!__builtin_cpu_supports("avx512bf16")) return "avx512_bf16";
+      return nullptr;
     case CpuIsa::avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("f16c");
+      if (!__builtin_cpu_supports("avx512f")) return "avx512f";
+      if (!__builtin_cpu_supports("avx512bw")) return "avx512bw";
+      if (!__builtin_cpu_supports("avx512dq")) return "avx512dq";
+      if (!__builtin_cpu_supports("avx512vl")) return "avx512vl";
+      if (!__builtin_cpu_supports("f16c")) return "f16c";
+      return nullptr;
     default:
-      return true;
+      return nullptr;
   }
 #else
-  return isa == CpuIsa::generic || isa == CpuIsa::automatic;
+  return isa == CpuIsa::generic || isa == CpuIsa::automatic ? nullptr : "x86-64";
 #endif
 }
 
@@ -52,6 +65,8 @@ const KernelTable* compiled_table(CpuIsa isa) {
       return kernels_avx2();
     case CpuIsa::avx512:
       return kernels_avx512();
+    case CpuIsa::avx512_bf16:
+      return kernels_avx512_bf16();
     case CpuIsa::automatic:
       return nullptr;
   }
@@ -65,11 +80,11 @@ CpuIsa environment_isa() {
     if (value == nullptr || *value == '\0' || std::strcmp(value, "automatic") == 0) {
       return CpuIsa::automatic;
     }
-    for (CpuIsa candidate : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
+    for (CpuIsa candidate : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16}) {
       if (std::strcmp(value, cpu_isa_name(candidate)) == 0) return candidate;
     }
     throw RuntimeError(std::string("environment variable GDN_CPU_ISA: expected automatic, "
-                                   "generic, avx2 or avx512, given '") +
+                                   "generic, avx2, avx512 or avx512_bf16, given '") +
                        value + "'");
   }();
   return isa;
@@ -120,8 +135,11 @@ std::size_t decode_workspace_bytes(const detail::DecodeProblem& p) {
          dtype_size(p.dtype);
 }
 
-double measure_fma_peak_gflops(CpuIsa isa, int threads, double seconds) {
-  const KernelTable& table = kernel_table(isa);
+namespace {
+
+// The best of a few short runs of `loop` on `threads` threads, in GFLOP/s.
+double measure_peak(float (*loop)(std::int64_t), std::int64_t flops_per_round, int threads,
+                    double seconds) {
   if (threads < 1) threads = default_threads();
   constexpr int kTrials = 5;
   // About seconds / kTrials per trial at ~4 G rounds/s; the best trial counts.
@@ -134,7 +152,7 @@ double measure_fma_peak_gflops(CpuIsa isa, int threads, double seconds) {
 #pragma omp parallel num_threads(threads)
 #endif
     {
-      const float value = table.fma_peak_loop(iterations);
+      const float value = loop(iterations);
 #ifdef _OPENMP
 #pragma omp critical
 #endif
@@ -143,10 +161,23 @@ double measure_fma_peak_gflops(CpuIsa isa, int threads, double seconds) {
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double gflops =
-        static_cast<double>(iterations) * table.fma_flops_per_round * threads / elapsed * 1e-9;
+        static_cast<double>(iterations) * flops_per_round * threads / elapsed * 1e-9;
     if (gflops > best) best = gflops;
   }
   return best;
+}
+
+}  // namespace
+
+double measure_fma_peak_gflops(CpuIsa isa, int threads, double seconds) {
+  const KernelTable& table = kernel_table(isa);
+  return measure_peak(table.fma_peak_loop, table.fma_flops_per_round, threads, seconds);
+}
+
+double measure_bf16_dot_peak_gflops(CpuIsa isa, int threads, double seconds) {
+  const KernelTable& table = kernel_table(isa);
+  if (table.bf16_dot_peak_loop == nullptr) return 0;
+  return measure_peak(table.bf16_dot_peak_loop, table.bf16_dot_flops_per_round, threads, seconds);
 }
 
 }  // namespace cpu
@@ -161,13 +192,26 @@ const char* cpu_isa_name(CpuIsa isa) {
       return "avx2";
     case CpuIsa::avx512:
       return "avx512";
+    case CpuIsa::avx512_bf16:
+      return "avx512_bf16";
   }
   return "unknown";
 }
 
 bool cpu_isa_available(CpuIsa isa) {
   if (isa == CpuIsa::automatic) return true;
-  return cpu::compiled_table(isa) != nullptr && cpu::cpu_supports(isa);
+  return cpu::compiled_table(isa) != nullptr && cpu::missing_feature(isa) == nullptr;
+}
+
+const char* cpu_isa_unavailable_reason(CpuIsa isa) {
+  if (isa == CpuIsa::automatic) return nullptr;
+  if (cpu::compiled_table(isa) == nullptr) return "not compiled into this build";
+  if (const char* feature = cpu::missing_feature(isa)) {
+    static thread_local std::string reason;
+    reason = std::string("this CPU lacks ") + feature;
+    return reason.c_str();
+  }
+  return nullptr;
 }
 
 CpuIsa resolve_cpu_isa(CpuIsa requested) {
@@ -177,16 +221,14 @@ CpuIsa resolve_cpu_isa(CpuIsa requested) {
     origin = "named by GDN_CPU_ISA";
   }
   if (requested == CpuIsa::automatic) {
-    for (CpuIsa best : {CpuIsa::avx512, CpuIsa::avx2}) {
+    for (CpuIsa best : {CpuIsa::avx512_bf16, CpuIsa::avx512, CpuIsa::avx2}) {
       if (cpu_isa_available(best)) return best;
     }
     return CpuIsa::generic;
   }
   if (!cpu_isa_available(requested)) {
     throw RuntimeError(std::string("CPU ISA '") + cpu_isa_name(requested) + "' " + origin +
-                       " is not available: " +
-                       (cpu::compiled_table(requested) == nullptr ? "not compiled into this build"
-                                                                  : "this CPU lacks it"));
+                       " is not available: " + cpu_isa_unavailable_reason(requested));
   }
   return requested;
 }

@@ -127,18 +127,29 @@ inline void round_row_to_bf16(float* dst, const float* src, std::int64_t stride,
   for (; e < len; ++e) dst[e] = round_to_bf16(src[e * stride]);
 }
 
+#if defined(__AVX512BF16__)
+#include "cpu/gemm_bf16-inl.h"
+#endif
+
 // C = [c_scale C +] A B as above; with bf16_scratch (float only) A and B are rounded to bf16
-// into it first: A as [m][kdim] (or [kdim][m] when A is read transposed, so that both copies
-// run along contiguous memory), then B as [kdim][n]. The scratch holds at least
-// padded(m kdim) + kdim n floats (workspace.h: bf16_scratch_elements). The whole m x kdim
-// rectangle of A is rounded, the parts the shape skips too (they lie inside the caller's
-// buffers and are never multiplied).
+// into it first. With AVX512_BF16 (the avx512_bf16 variant) they are packed there as bf16
+// pairs and multiplied with vdpbf16ps (gemm_bf16-inl.h). Elsewhere they are rounded there as
+// floats: A as [m][kdim] (or [kdim][m] when A is read transposed, so that both copies run along
+// contiguous memory), then B as [kdim][n], and the float32 tile runs on the copies. The scratch
+// holds at least padded(m kdim) + kdim n floats (workspace.h: bf16_scratch_elements). The whole
+// m x kdim rectangle of A is rounded, the parts the shape skips too (they lie inside the
+// caller's buffers and are never multiplied).
 template <class Real, bool Accumulate>
 void gemm(std::int64_t m, std::int64_t n, std::int64_t kdim, const Real* a, std::int64_t a_row,
           std::int64_t a_col, const Real* b, std::int64_t ldb, Real* c, std::int64_t ldc,
           Real c_scale = 1, unsigned shape = kFull, Real* bf16_scratch = nullptr) {
   if constexpr (sizeof(Real) == 4) {
     if (bf16_scratch != nullptr) {
+#if defined(__AVX512BF16__)
+      gemm_bf16_dot<Accumulate>(m, n, kdim, a, a_row, a_col, b, ldb, c, ldc, c_scale, shape,
+                                bf16_scratch);
+      return;
+#endif
       Real* ra = bf16_scratch;
       Real* rb = ra + padded(m * kdim);
       std::int64_t ra_row = kdim, ra_col = 1;

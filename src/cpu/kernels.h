@@ -1,10 +1,10 @@
 // kernels.h: the table of CPU kernels one ISA variant provides, and the dispatch to it.
 //
 // Each variant is the same source (src/cpu/target-inl.h) compiled with its own flags into its
-// own namespace (target_generic.cc, target_avx2.cc, target_avx512.cc). The driver
-// (src/cpu/forward.cc) resolves the variant once per call and calls these function pointers
-// per work item (a sequence and a group of value heads sharing a key head); nothing below the
-// table looks at dtype, ISA or flags.
+// own namespace (target_generic.cc, target_avx2.cc, target_avx512.cc, target_avx512_bf16.cc).
+// The driver (src/cpu/forward.cc) resolves the variant once per call and calls these function
+// pointers per work item (a sequence and a group of value heads sharing a key head); nothing
+// below the table looks at dtype, ISA or flags.
 #pragma once
 
 #include <cstddef>
@@ -61,6 +61,16 @@ inline int activations(DType dtype) {
   }
 }
 
+// The shapes gemm_f32 takes (src/cpu/gemm-inl.h: GemmShape, where they are explained).
+inline constexpr unsigned kGemmFull = 0, kGemmLowerA = 1, kGemmLowerC = 2, kGemmUpperA = 4;
+
+// The variant's float32 matrix product (src/cpu/gemm-inl.h: gemm<float, accumulate>, its
+// arguments in order), for the tests and dev/ only: the stages call it inline.
+using GemmFn = void (*)(bool accumulate, std::int64_t m, std::int64_t n, std::int64_t k,
+                        const float* a, std::int64_t a_row, std::int64_t a_col, const float* b,
+                        std::int64_t ldb, float* c, std::int64_t ldc, float c_scale, unsigned shape,
+                        float* bf16_scratch);
+
 struct KernelTable {
   CpuIsa isa;
   ForwardItemFn chunked[kActivationTypes];
@@ -75,11 +85,16 @@ struct KernelTable {
   // and returns a value that depends on all of them. FLOPs = iterations * fma_flops_per_round.
   float (*fma_peak_loop)(std::int64_t iterations);
   std::int64_t fma_flops_per_round;
+  GemmFn gemm_f32;
+  // The same for bf16 dot products (vdpbf16ps) where the variant has them, else null and 0.
+  float (*bf16_dot_peak_loop)(std::int64_t iterations);
+  std::int64_t bf16_dot_flops_per_round;
 };
 
 const KernelTable* kernels_generic();
-const KernelTable* kernels_avx2();    // null when not compiled in
-const KernelTable* kernels_avx512();  // null when not compiled in
+const KernelTable* kernels_avx2();         // null when not compiled in
+const KernelTable* kernels_avx512();       // null when not compiled in
+const KernelTable* kernels_avx512_bf16();  // null when not compiled in
 
 // The table of a resolved (non-automatic) variant; throws gdn::RuntimeError if unavailable.
 const KernelTable& kernel_table(CpuIsa isa);
@@ -105,5 +120,9 @@ std::size_t decode_workspace_bytes(const detail::DecodeProblem& problem);
 // fp32 FMA throughput of `threads` threads running the variant's peak loop, in GFLOP/s:
 // the best of a few short runs (about `seconds` in total).
 double measure_fma_peak_gflops(CpuIsa isa, int threads, double seconds = 0.3);
+
+// The same for the variant's bf16 dot-product instruction (counting its multiplies and adds);
+// 0 when the variant has none.
+double measure_bf16_dot_peak_gflops(CpuIsa isa, int threads, double seconds = 0.3);
 
 }  // namespace gdn::cpu

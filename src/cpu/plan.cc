@@ -153,9 +153,12 @@ std::string isa_reason(CpuIsa requested, CpuIsa isa) {
     return name + ": named by GDN_CPU_ISA";
   }
   std::string why = name + ": the widest variant compiled in that this CPU runs";
-  if (isa != CpuIsa::avx512) {
-    why += std::string(" (avx512: ") +
-           (kernels_avx512() == nullptr ? "not compiled in" : "this CPU lacks it") + ")";
+  // The next wider variant and why it did not run.
+  const CpuIsa wider = isa == CpuIsa::avx512 ? CpuIsa::avx512_bf16 : CpuIsa::avx512;
+  if (isa != CpuIsa::avx512_bf16) {
+    const char* reason = cpu_isa_unavailable_reason(wider);
+    why += std::string(" (") + cpu_isa_name(wider) + ": " +
+           (reason != nullptr ? reason : "available") + ")";
   }
   return why;
 }
@@ -171,16 +174,18 @@ std::string isa_reason(CpuIsa requested, CpuIsa isa) {
 // likewise (forward 13 %, backward 13 %). Neither the head dims, the dtype nor the caches
 // changed the winner, so the rule is the ISA's. The cost: twice the chunk_states residual
 // (1.7x the residuals at Dk = Dv = 128). AVX-512: 64, the size its kernels were tuned at
-// (Zen 5); 32 is not measured there.
+// (Zen 5); 32 is not measured there. avx512_bf16 is avx512 with another bf16-operand product,
+// so it keeps avx512's chunk: float32 results then do not depend on which of the two runs.
 int chunk_rule(CpuIsa isa, std::string* reason) {
-  const int chunk = isa == CpuIsa::avx512 ? 64 : 32;
+  const bool wide = isa == CpuIsa::avx512 || isa == CpuIsa::avx512_bf16;
+  const int chunk = wide ? 64 : 32;
   if (reason != nullptr) {
-    *reason = isa == CpuIsa::avx512
-                  ? "64: with avx512, the size its kernels were tuned at (32 not yet measured "
-                    "there; docs/perf.md \"Tiling plan\")"
-                  : std::string("32: measured faster than 64 with ") + cpu_isa_name(isa) +
-                        " (forward 3-22 %, backward 0-13 %, Dk = Dv = 32 to 256), at twice "
-                        "the chunk_states residual; docs/perf.md \"Tiling plan\"";
+    *reason = wide ? std::string("64: with ") + cpu_isa_name(isa) +
+                         ", the size its kernels were tuned at (32 not yet measured "
+                         "there; docs/perf.md \"Tiling plan\")"
+                   : std::string("32: measured faster than 64 with ") + cpu_isa_name(isa) +
+                         " (forward 3-22 %, backward 0-13 %, Dk = Dv = 32 to 256), at twice "
+                         "the chunk_states residual; docs/perf.md \"Tiling plan\"";
   }
   return chunk;
 }
@@ -389,7 +394,7 @@ Plan make_plan(const PlanProblem& p, const ForwardOptions& o, const PlanForce& f
 int planned_chunk_size([[maybe_unused]] const ForwardShape& shape, CpuIsa isa) {
   CpuIsa resolved = CpuIsa::generic;
   if (isa == CpuIsa::automatic || isa == CpuIsa::generic || isa == CpuIsa::avx2 ||
-      isa == CpuIsa::avx512) {
+      isa == CpuIsa::avx512 || isa == CpuIsa::avx512_bf16) {
     try {
       resolved = resolve_cpu_isa(isa);
     } catch (const RuntimeError&) {

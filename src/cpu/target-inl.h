@@ -1,5 +1,5 @@
 // target-inl.h: one ISA variant of the CPU kernels. Each target_<isa>.cc defines
-//   GDN_TARGET        the variant's namespace (generic, avx2, avx512)
+//   GDN_TARGET        the variant's namespace (generic, avx2, avx512, avx512_bf16)
 //   GDN_TARGET_ISA    its gdn::CpuIsa
 //   GDN_VECTOR_BYTES  its vector width
 //   GDN_GEMM_MR/NV    its register tile (rows x vectors)
@@ -58,6 +58,43 @@ float fma_peak_loop(std::int64_t iterations) {
   return reduce_add<float>(sum);
 }
 
+#if defined(__AVX512BF16__)
+// The same chains on vdpbf16ps: 16 lanes x 2 bf16 products, each a multiply and an add. The
+// operands are exact bf16 values (1 and 2^-20), so the sums only grow slowly.
+float bf16_dot_peak_loop(std::int64_t iterations) {
+  __m512 acc[kChains];
+  const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80);  // (1, 1)
+  const __m512bh y = (__m512bh)_mm512_set1_epi32(0x35803580);  // (2^-20, 2^-20)
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  for (std::int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 16
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], x, y);
+  }
+  Vec<float> sum{};
+  for (int c = 0; c < kChains; ++c) sum += Vec<float>(acc[c]);
+  return reduce_add<float>(sum);
+}
+constexpr auto kBf16DotPeakLoop = &bf16_dot_peak_loop;
+constexpr std::int64_t kBf16DotFlopsPerRound = 4 * kChains * 16;
+#else
+constexpr float (*kBf16DotPeakLoop)(std::int64_t) = nullptr;
+constexpr std::int64_t kBf16DotFlopsPerRound = 0;
+#endif
+
+static_assert(kGemmFull == kFull && kGemmLowerA == kLowerA && kGemmLowerC == kLowerC &&
+                  kGemmUpperA == kUpperA,
+              "kernels.h spells the gemm shapes as gemm-inl.h does");
+
+void gemm_f32(bool accumulate, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+              std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb, float* c,
+              std::int64_t ldc, float c_scale, unsigned shape, float* bf16_scratch) {
+  if (accumulate) {
+    gemm<float, true>(m, n, k, a, a_row, a_col, b, ldb, c, ldc, c_scale, shape, bf16_scratch);
+  } else {
+    gemm<float, false>(m, n, k, a, a_row, a_col, b, ldb, c, ldc, c_scale, shape, bf16_scratch);
+  }
+}
+
 // clang-format off
 constexpr KernelTable kTable = {
     GDN_TARGET_ISA,
@@ -76,6 +113,9 @@ constexpr KernelTable kTable = {
     &decode_item<float, BFloat16>,
     &fma_peak_loop,
     2 * kChains * kLanes<float>,
+    &gemm_f32,
+    kBf16DotPeakLoop,
+    kBf16DotFlopsPerRound,
 };
 // clang-format on
 

@@ -163,7 +163,7 @@ TEST(Validation, Options) {
                  [](Fixture& s) { s.options.scale = 1e300; });
   expect_invalid("options.algorithm", {"automatic, chunked or recurrent", "9"},
                  [](Fixture& s) { s.options.algorithm = static_cast<Algorithm>(9); });
-  expect_invalid("options.isa", {"automatic, generic, avx2 or avx512", "9"},
+  expect_invalid("options.isa", {"automatic, generic, avx2, avx512 or avx512_bf16", "9"},
                  [](Fixture& s) { s.options.isa = static_cast<CpuIsa>(9); });
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/compare.h"
+#include "common/isas.h"
 #include "common/problem.h"
 
 namespace gdn {
@@ -30,13 +31,7 @@ double f32_tolerance(double baseline_error) {
   return kBaselineFactor * (baseline_error + 8 * kEpsF32);
 }
 
-std::vector<CpuIsa> compiled_isas() {
-  std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
-    if (cpu_isa_available(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
+std::vector<CpuIsa> compiled_isas() { return test::runnable_isas(); }
 
 BackwardInputs backward_inputs(const Problem& p, const test::Cotangents& c, bool dht) {
   return {p.q.view(),

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/compare.h"
+#include "common/isas.h"
 #include "common/problem.h"
 
 namespace gdn {
@@ -30,13 +31,7 @@ constexpr double kF64Tolerance = 1e-12;
 
 double f32_tolerance(double baseline_error) { return kBaselineFactor * baseline_error + kFloor; }
 
-std::vector<CpuIsa> compiled_isas() {
-  std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
-    if (cpu_isa_available(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
+std::vector<CpuIsa> compiled_isas() { return test::runnable_isas(); }
 
 const char* algorithm_name(Algorithm a) {
   return a == Algorithm::chunked     ? "chunked"
@@ -665,7 +660,7 @@ TEST(CpuForward, ZeroLengthSequences) {
 
 // The forced-ISA environment variable and option reach the dispatch.
 TEST(CpuForward, UnavailableIsaIsAClearError) {
-  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512}) {
+  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16}) {
     if (cpu_isa_available(isa)) continue;
     const Problem p = make_problem({});
     ForwardOptions o;

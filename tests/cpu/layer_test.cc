@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/compare.h"
+#include "common/isas.h"
 #include "common/layer_problem.h"
 
 namespace gdn {
@@ -25,13 +26,7 @@ constexpr double kF64Tolerance = 1e-12;
 constexpr double kMinCosine = 0.9999;
 constexpr double kParameterRelative = 1e-5;
 
-std::vector<CpuIsa> compiled_isas() {
-  std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
-    if (cpu_isa_available(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
+std::vector<CpuIsa> compiled_isas() { return test::runnable_isas(); }
 
 struct Outputs {
   LayerForwardResult fwd;

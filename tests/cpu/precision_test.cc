@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/compare.h"
+#include "common/isas.h"
 #include "common/layer_problem.h"
 #include "common/problem.h"
 
@@ -34,13 +35,7 @@ constexpr double kEpsF32 = 1.1920928955078125e-07;
 
 double f32_tolerance(double baseline_error) { return 8.0 * (baseline_error + 8 * kEpsF32); }
 
-std::vector<CpuIsa> compiled_isas() {
-  std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
-    if (cpu_isa_available(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
+std::vector<CpuIsa> compiled_isas() { return test::runnable_isas(); }
 
 std::uint16_t half_bits(DType dtype, float x) {
   return dtype == DType::bf16 ? bf16_bits(x) : f16_bits(x);
@@ -530,6 +525,19 @@ std::vector<OperandCase> operand_cases() {
   wide.hv = 2;
   wide.dk = wide.dv = 128;
   cases.push_back({wide, 64, "Dk = Dv = 128, C = 64"});
+  // Head dims that are not whole vectors (nor even, for Dk: an odd k in the products over
+  // Dk), short last chunks, C = 32 and 64: the pair packing's odd-k and remainder paths.
+  ProblemSpec odd = mixed_spec();
+  odd.lengths = {95, 1, 33};
+  odd.dk = 21;
+  odd.dv = 36;
+  odd.seed = 7;
+  cases.push_back({odd, 32, "Dk = 21, Dv = 36, C = 32"});
+  odd.lengths = {150, 3, 64};
+  odd.dk = 72;
+  odd.dv = 41;
+  odd.seed = 8;
+  cases.push_back({odd, 64, "Dk = 72, Dv = 41, C = 64"});
   return cases;
 }
 
@@ -658,24 +666,27 @@ TEST(Bf16Operands, BitIdenticalForAnyThreadCount) {
   const Problem p = make_problem(operand_spec(4));
   const test::Cotangents c = test::make_cotangents(p, 30);
   for (CpuIsa isa : compiled_isas()) {
-    ForwardOptions o = p.options();
-    o.isa = isa;
-    o.matmul_precision = MatmulPrecision::bf16;
-    o.threads = 1;
-    const ForwardResult f1 = chunk_gated_delta_rule_fwd(p.inputs(), o);
-    const BackwardResult b1 = chunk_gated_delta_rule_bwd(backward_inputs(p, c.d_o, c.d_ht), o);
-    for (int threads : {2, 3}) {
-      o.threads = threads;
-      const std::string what =
-          std::string(cpu_isa_name(isa)) + ", " + std::to_string(threads) + " threads";
-      const ForwardResult f = chunk_gated_delta_rule_fwd(p.inputs(), o);
-      EXPECT_TRUE(test::bit_identical(f.o, f1.o, "o, " + what));
-      EXPECT_TRUE(test::bit_identical(f.final_state, f1.final_state, "final_state, " + what));
-      const BackwardResult b = chunk_gated_delta_rule_bwd(backward_inputs(p, c.d_o, c.d_ht), o);
-      EXPECT_TRUE(test::bit_identical(b.dq, b1.dq, "dq, " + what));
-      EXPECT_TRUE(test::bit_identical(b.dk, b1.dk, "dk, " + what));
-      EXPECT_TRUE(test::bit_identical(b.dv, b1.dv, "dv, " + what));
-      EXPECT_TRUE(test::bit_identical(b.dg, b1.dg, "dg, " + what));
+    for (int chunk : {16, 32, 64}) {
+      ForwardOptions o = p.options();
+      o.isa = isa;
+      o.chunk_size = chunk;
+      o.matmul_precision = MatmulPrecision::bf16;
+      o.threads = 1;
+      const ForwardResult f1 = chunk_gated_delta_rule_fwd(p.inputs(), o);
+      const BackwardResult b1 = chunk_gated_delta_rule_bwd(backward_inputs(p, c.d_o, c.d_ht), o);
+      for (int threads : {2, 3}) {
+        o.threads = threads;
+        const std::string what = std::string(cpu_isa_name(isa)) + ", C = " + std::to_string(chunk) +
+                                 ", " + std::to_string(threads) + " threads";
+        const ForwardResult f = chunk_gated_delta_rule_fwd(p.inputs(), o);
+        EXPECT_TRUE(test::bit_identical(f.o, f1.o, "o, " + what));
+        EXPECT_TRUE(test::bit_identical(f.final_state, f1.final_state, "final_state, " + what));
+        const BackwardResult b = chunk_gated_delta_rule_bwd(backward_inputs(p, c.d_o, c.d_ht), o);
+        EXPECT_TRUE(test::bit_identical(b.dq, b1.dq, "dq, " + what));
+        EXPECT_TRUE(test::bit_identical(b.dk, b1.dk, "dk, " + what));
+        EXPECT_TRUE(test::bit_identical(b.dv, b1.dv, "dv, " + what));
+        EXPECT_TRUE(test::bit_identical(b.dg, b1.dg, "dg, " + what));
+      }
     }
   }
 }

@@ -15,6 +15,7 @@
 
 #include "bench/cost_model.h"
 #include "common/compare.h"
+#include "common/isas.h"
 #include "common/problem.h"
 #include "gdn/gdn.h"
 
@@ -39,13 +40,7 @@ ProblemSpec spec() {
   return s;
 }
 
-std::vector<CpuIsa> compiled_isas() {
-  std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
-    if (cpu_isa_available(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
+std::vector<CpuIsa> compiled_isas() { return test::runnable_isas(); }
 
 std::set<Stage> stages_with_time(const cpu::StageProfile& profile) {
   std::set<Stage> stages;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/compare.h"
+#include "common/isas.h"
 #include "common/layer_problem.h"
 #include "common/problem.h"
 
@@ -33,13 +34,7 @@ inline constexpr double kF32Tolerance = 1e-4;
 inline constexpr double kF64Tolerance = 1e-12;
 inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-inline std::vector<CpuIsa> compiled_isas() {
-  std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512}) {
-    if (cpu_isa_available(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
+inline std::vector<CpuIsa> compiled_isas() { return test::runnable_isas(); }
 
 // ---------------------------------------------------------------------------------------------
 // Problems.

@@ -762,6 +762,30 @@ TEST_F(Cli, BenchMatmulBf16) {
   EXPECT_EQ(compute, 1) << run.output;
 }
 
+// --matmul both: the float32 forward's cases, then the bf16-operand ones (with the --dtype
+// activations), in one run, and one ratio per chunked case.
+TEST_F(Cli, BenchMatmulBoth) {
+  const std::string shape =
+      "bench --tokens 130 --hk 2 --hv 4 --dk 32 --dv 16 --repeats 1 --cases forward --matmul both";
+  for (const char* dtype : {"f32", "bf16"}) {
+    const Result run = gdn_cli(shape + " --dtype " + dtype);
+    ASSERT_EQ(run.code, 0) << run.output;
+    EXPECT_EQ(run.output.find("FAIL"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("-- float32 activations, float32 matrix operands --"),
+              std::string::npos)
+        << run.output;
+    EXPECT_NE(run.output.find(std::string("-- ") + dtype + " activations, bf16 matrix operands --"),
+              std::string::npos)
+        << run.output;
+    int ratios = 0;
+    for (std::size_t at = run.output.find("  forward  chunked  "); at != std::string::npos;
+         at = run.output.find("  forward  chunked  ", at + 1)) {
+      ++ratios;
+    }
+    EXPECT_EQ(ratios, 2) << run.output;
+  }
+}
+
 // --breakdown: a table of stages for every chunked case (not the token recurrence), whose
 // stages are the ones the pass runs, and a stages_ms object in every chunked JSON line.
 TEST_F(Cli, BenchBreakdown) {

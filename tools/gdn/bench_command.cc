@@ -45,9 +45,13 @@ times 16-bit activations (q, k, v, o, d_o and dq, dk, dv) with float32 gates, st
 and arithmetic; their check tolerance adds twice the error of the reference's own output
 rounded to that type (docs/numerics.md).
 --matmul bf16 rounds the chunked cases' matrix operands to bf16 (the token-recurrence
-baseline keeps float32); this build does that on float32 registers, so it times the numerics
-of bf16 operands, not a bf16 kernel; its check tolerance adds 6 times the error of the
-reference rounded to bf16 (docs/numerics.md, "bf16 matrix operands").
+baseline keeps float32): with the avx512_bf16 variant (the automatic choice where the CPU has
+AVX512_BF16) the products run on vdpbf16ps with float32 accumulation; other variants round on
+float32 registers and multiply in float32, which gives the numerics of bf16 operands, not
+their speed. Its check tolerance adds 6 times the error of the reference rounded to bf16
+(docs/numerics.md, "bf16 matrix operands"). --matmul both times every case with float32
+activations and operands, then with bf16 operands (and the --dtype activations), in one run,
+and prints the ratios of their medians: the bf16 mode against the float32 forward.
 
 options:
 %s
@@ -57,6 +61,7 @@ examples:
   gdn bench --threads 1 --chunk-size 64
   gdn bench --dtype bf16 --threads 1
   gdn bench --matmul bf16 --threads 1 --cases forward
+  gdn bench --matmul both --threads 1 --cases forward
   gdn bench --threads 1 --breakdown
   gdn bench --seq 64k --repeats 3
   gdn bench --cases backward --json > backward.jsonl
@@ -87,11 +92,14 @@ const std::vector<OptionSpec> kOptions = {
     {"threads", "N", "worker threads, 0 = all cores (default 0)"},
     {"repeats", "R", "timed runs per case after one warm-up (default 5)"},
     {"cases", "LIST", "all, forward or backward (default all)"},
-    {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"isa", "ISA", "CPU variant: auto, generic, avx2, avx512 or avx512_bf16 (default auto)"},
     {"dtype", "T",
      "activations (q, k, v, o and their gradients): f32, bf16 or f16; gates, states and "
      "residuals stay float32 (default f32)"},
-    {"matmul", "P", kMatmulHelp},
+    {"matmul", "P",
+     "operands of the matrix products: compute (default), bf16 (rounded to bf16, summed in "
+     "float32; float32 inputs only; vdpbf16ps with the avx512_bf16 variant, else emulated) or "
+     "both (compute, then bf16, in one run, with the ratios of their medians)"},
     {"breakdown", nullptr,
      "after timing, run each chunked case once more with per-stage clocks and print where its "
      "time goes (the JSON lines get a stages_ms object)"},
@@ -188,7 +196,10 @@ int bench_command(int argc, char** argv) {
   const int chunk =
       requested_chunk != 0 ? requested_chunk : planned_chunk_size(hk, hv, dk, dv, dtype, isa);
 
-  const MatmulPrecision matmul = matmul_option(args);
+  const std::string matmul_arg = args.choice("matmul", "compute", {"compute", "bf16", "both"});
+  const bool both = matmul_arg == "both";
+  const MatmulPrecision matmul =
+      matmul_arg == "bf16" || both ? MatmulPrecision::bf16 : MatmulPrecision::compute;
   std::FILE* info = json ? stderr : stdout;
   std::fprintf(info,
                "gdn bench: Hk=%lld Hv=%lld Dk=%lld Dv=%lld, %lld x %lld tokens, %s, chunk %d%s, "
@@ -196,11 +207,17 @@ int bench_command(int argc, char** argv) {
                static_cast<long long>(hk), static_cast<long long>(hv), static_cast<long long>(dk),
                static_cast<long long>(dv), static_cast<long long>(seqs),
                static_cast<long long>(tokens),
-               dtype == DType::f32 ? "f32" : (dtype_arg + " activations, float32 state").c_str(),
+               dtype == DType::f32 ? "f32"
+               : both ? ("f32 then " + dtype_arg + " activations, float32 state").c_str()
+                      : (dtype_arg + " activations, float32 state").c_str(),
                chunk, requested_chunk == 0 ? " (the tiling plan's)" : "",
-               matmul == MatmulPrecision::bf16
-                   ? ", bf16 matrix operands (emulated: rounded on float32 registers)"
-                   : "");
+               matmul != MatmulPrecision::bf16 ? ""
+               : isa == CpuIsa::avx512_bf16
+                   ? (both ? ", float32 then bf16 matrix operands (vdpbf16ps, float32 accumulation)"
+                           : ", bf16 matrix operands (vdpbf16ps, float32 accumulation)")
+                   : (both ? ", float32 then bf16 matrix operands (emulated: rounded on float32 "
+                             "registers)"
+                           : ", bf16 matrix operands (emulated: rounded on float32 registers)"));
   std::fprintf(info, "machine: %s; ISA %s; %d thread%s\n", cpu_model_name().c_str(),
                cpu_isa_name(isa), threads, threads == 1 ? "" : "s");
 
@@ -221,7 +238,34 @@ int bench_command(int argc, char** argv) {
   config.json = json;
   config.info = info;
   config.breakdown = args.flag("breakdown");
-  return run_core_bench(config, nullptr);
+  if (!both) return run_core_bench(config, nullptr);
+
+  // One process, inputs from one seed, the float32 pass first: the ratio a host's drift
+  // disturbs least. The first pass is always the float32 forward (float32 activations too).
+  std::vector<CoreCaseResult> f32_rows, bf16_rows;
+  config.matmul = MatmulPrecision::compute;
+  config.dtype = DType::f32;
+  if (!json) std::printf("\n-- float32 activations, float32 matrix operands --\n");
+  if (run_core_bench(config, &f32_rows) != 0) return 1;
+  config.matmul = MatmulPrecision::bf16;
+  config.dtype = dtype;
+  if (!json) std::printf("\n-- %s activations, bf16 matrix operands --\n", dtype_arg.c_str());
+  if (run_core_bench(config, &bf16_rows) != 0) return 1;
+  std::FILE* out = json ? stderr : stdout;
+  std::fprintf(out, "\nbf16 matrix operands (%s activations) vs float32, same run (median):\n",
+               dtype_arg.c_str());
+  for (const CoreCaseResult& b : bf16_rows) {
+    for (const CoreCaseResult& f : f32_rows) {
+      if (f.op != b.op || f.impl != b.impl || f.residuals != b.residuals || f.impl != "chunked") {
+        continue;
+      }
+      const double ratio = f.timing.median_ms / b.timing.median_ms;
+      std::fprintf(out, "  %-8s %-8s %-6s %8.2f ms vs %8.2f ms: %.2fx %s\n", b.op.c_str(),
+                   b.impl.c_str(), b.residuals.c_str(), b.timing.median_ms, f.timing.median_ms,
+                   ratio >= 1 ? ratio : 1 / ratio, ratio >= 1 ? "faster" : "SLOWER");
+    }
+  }
+  return 0;
 }
 
 int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* results) {
@@ -448,6 +492,16 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
     progress("%s", "");
     std::fprintf(info, "fp32 FMA peak, measured now (%s, %d thread%s): %.1f GFLOP/s\n",
                  cpu_isa_name(isa), threads, threads == 1 ? "" : "s", peak);
+    if (bf16_operands) {
+      // % peak stays the fp32 one; this is the ceiling the bf16-operand products could reach.
+      const double dot = cpu::measure_bf16_dot_peak_gflops(isa, threads);
+      if (dot > 0) {
+        std::fprintf(info,
+                     "bf16 dot peak (vdpbf16ps), measured now (%s, %d thread%s): %.1f "
+                     "GFLOP/s\n",
+                     cpu_isa_name(isa), threads, threads == 1 ? "" : "s", dot);
+      }
+    }
   }
 
   std::vector<Timing> timings;

@@ -90,7 +90,7 @@ const std::vector<OptionSpec> kLayerOptions = {
     {"cases", "LIST", "all, forward or backward (default all)"},
     {"threads", "N", "worker threads, 0 = all cores (default 0)"},
     {"repeats", "R", "timed runs per case after one warm-up (default 3)"},
-    {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"isa", "ISA", "CPU variant: auto, generic, avx2, avx512 or avx512_bf16 (default auto)"},
     {"dtype", "T",
      "activations (qkv, a, b, out and their gradients): f32, bf16 or f16; parameters and "
      "states stay float32 (default f32)"},
@@ -107,7 +107,7 @@ const std::vector<OptionSpec> kConvOptions = {
     {"decode-seqs", "N", "sequences of the decode step (default 256)"},
     {"threads", "N", "worker threads, 0 = all cores (default 0)"},
     {"repeats", "R", "timed runs per case after one warm-up (default 10)"},
-    {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"isa", "ISA", "CPU variant: auto, generic, avx2, avx512 or avx512_bf16 (default auto)"},
     {"json", nullptr, "print one JSON object per case and nothing else on stdout"},
     {"help", nullptr, "show this help"},
 };

@@ -158,7 +158,7 @@ const std::vector<OptionSpec> kStepOptions = {
     {"dv", "DV", "value head dim, 1 to 256"},
     {"threads", "N", "worker threads, 0 = all cores (default 0)"},
     {"repeats", "R", "timed steps per preset after the checked first one (default 20)"},
-    {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"isa", "ISA", "CPU variant: auto, generic, avx2, avx512 or avx512_bf16 (default auto)"},
     {"pools", "DTYPE",
      "f32 or bf16: the dtype of both state pools (default f32; bf16: float32 compute, each state "
      "rounded once as it is written, gdn/step.h)"},

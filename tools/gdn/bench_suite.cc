@@ -27,8 +27,8 @@ namespace {
 
 const char* const kBf16Note =
     "bf16 and f16 rows: 16-bit activations (q, k, v, o, d_o, dq, dk, dv) with float32 gates, "
-    "states, residuals and arithmetic (matrix products in fp32: this build has no bf16 "
-    "dot-product path), so their % of peak is of the fp32 FMA peak";
+    "states, residuals and arithmetic (matrix products in fp32; bf16 matrix operands are "
+    "`gdn bench --matmul both`), so their % of peak is of the fp32 FMA peak";
 
 const char* const kSuiteHelp = R"HELP(usage: gdn bench --suite [options]
 
@@ -73,7 +73,7 @@ const std::vector<OptionSpec> kSuiteOptions = {
     {"threads", "LIST", "thread counts, comma separated, all = all cores (default 1,all)"},
     {"repeats", "R",
      "timed runs per case after one warm-up (default 3; the decode step: max(R, 20))"},
-    {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"isa", "ISA", "CPU variant: auto, generic, avx2, avx512 or avx512_bf16 (default auto)"},
     {"dtypes", "LIST",
      "activation dtypes of the forward and backward cases, comma separated: f32, bf16, f16 "
      "(default f32,bf16; the decode step is f32)"},
@@ -186,11 +186,10 @@ void print_targets(std::FILE* out, const std::vector<Row>& rows,
   bf16_line("forward, bf16 matrix operands: <= 0.55 us", fwd16);
   bf16_line("backward, bf16 mode: <= 1.4 us", bwd16);
   std::fprintf(out,
-               "bf16 operands need a bf16 dot-product kernel (avx512_bf16), which this build "
-               "does not have: the bf16 rows run 16-bit activations with float32 products "
-               "(--matmul bf16 in gdn forward, backward and the layer commands gives the "
-               "numerics of bf16 operands on float32 registers, not their speed; "
-               "docs/numerics.md).\n");
+               "the suite's bf16 rows run 16-bit activations with float32 products; bf16 matrix "
+               "operands (vdpbf16ps with the avx512_bf16 variant, else emulated on float32 "
+               "registers) are timed beside float32 ones by `gdn bench --matmul both` "
+               "(docs/perf.md).\n");
   for (const auto* p : {forward, backward}) {
     if (p != nullptr) print_breakdown(out, p->first, p->second);
   }

@@ -12,7 +12,7 @@ std::vector<OptionSpec> with_forward_options(std::vector<OptionSpec> first,
       {"threads", "N", "worker threads, 0 = all cores (default 0); results do not depend on it"},
       {"l2norm", nullptr, "L2-normalise q and k inside the kernel"},
       {"scale", "S", "multiplier of q (default Dk^-1/2)"},
-      {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+      {"isa", "ISA", "CPU variant: auto, generic, avx2, avx512 or avx512_bf16 (default auto)"},
       {"matmul", "P", kMatmulHelp},
   };
   first.insert(first.end(), shared.begin(), shared.end());
@@ -69,11 +69,13 @@ LayerOptions layer_options_from(const Args& args) {
 }
 
 CpuIsa isa_option(const Args& args) {
-  const std::string isa = args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512"});
-  return isa == "generic"  ? CpuIsa::generic
-         : isa == "avx2"   ? CpuIsa::avx2
-         : isa == "avx512" ? CpuIsa::avx512
-                           : CpuIsa::automatic;
+  const std::string isa =
+      args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512", "avx512_bf16"});
+  return isa == "generic"       ? CpuIsa::generic
+         : isa == "avx2"        ? CpuIsa::avx2
+         : isa == "avx512"      ? CpuIsa::avx512
+         : isa == "avx512_bf16" ? CpuIsa::avx512_bf16
+                                : CpuIsa::automatic;
 }
 
 std::string engine_name(bool reference, CpuIsa isa, MatmulPrecision matmul) {

@@ -23,15 +23,15 @@ ForwardOptions forward_options_from(const Args& args);
 // --matmul.
 LayerOptions layer_options_from(const Args& args);
 
-// The --isa option (auto, generic, avx2, avx512); auto is CpuIsa::automatic.
+// The --isa option (auto, generic, avx2, avx512, avx512_bf16); auto is CpuIsa::automatic.
 CpuIsa isa_option(const Args& args);
 
 // The --matmul option (compute, bf16) and its help line.
 MatmulPrecision matmul_option(const Args& args);
 inline constexpr const char* kMatmulHelp =
     "operands of the matrix products: compute (default) or bf16 (rounded to bf16, summed in "
-    "float32; float32 inputs only; numerics of bf16 operands, not their speed: "
-    "docs/numerics.md)";
+    "float32; float32 inputs only; on vdpbf16ps with the avx512_bf16 variant, else emulated on "
+    "float32 registers: docs/numerics.md)";
 
 // With --reference, --matmul is a usage error (every product of the reference is float64).
 void reject_matmul_with_reference(const Args& args, bool reference);

@@ -95,7 +95,7 @@ std::vector<OptionSpec> layer_options(const std::vector<OptionSpec>& own) {
       {"chunk-size", "C",
        "tokens per chunk of the gated delta rule, 1 to 256, or 0: the tiling plan's (default 64)"},
       {"threads", "N", "worker threads, 0 = all cores (default 0); results do not depend on it"},
-      {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+      {"isa", "ISA", "CPU variant: auto, generic, avx2, avx512 or avx512_bf16 (default auto)"},
       {"matmul", "P", kMatmulHelp},
   };
   options.insert(options.end(), own.begin(), own.end());

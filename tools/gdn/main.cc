@@ -61,9 +61,11 @@ const std::pair<const char*, Command> kCommands[] = {
 int print_version() {
   std::printf("gdn %s\n", gdn::kVersion);
   std::printf("CPU variants: ");
-  for (gdn::CpuIsa isa : {gdn::CpuIsa::generic, gdn::CpuIsa::avx2, gdn::CpuIsa::avx512}) {
-    std::printf("%s%s ", gdn::cpu_isa_name(isa),
-                gdn::cpu_isa_available(isa) ? "" : " (unavailable)");
+  for (gdn::CpuIsa isa :
+       {gdn::CpuIsa::generic, gdn::CpuIsa::avx2, gdn::CpuIsa::avx512, gdn::CpuIsa::avx512_bf16}) {
+    const char* why = gdn::cpu_isa_unavailable_reason(isa);
+    std::printf("%s%s%s%s ", gdn::cpu_isa_name(isa), why != nullptr ? " (unavailable: " : "",
+                why != nullptr ? why : "", why != nullptr ? ")" : "");
   }
   std::printf("\nselected: %s\n", gdn::cpu_isa_name(gdn::resolve_cpu_isa(gdn::CpuIsa::automatic)));
   std::printf("OpenMP: %s, default threads: %d\n", gdn::built_with_openmp() ? "yes" : "no",

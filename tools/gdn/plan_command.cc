@@ -71,7 +71,7 @@ const std::vector<OptionSpec> kPlanOptions = {
     {"dv", "DV", "value head dim, 1 to 256 (default 128)"},
     {"chunk-size", "C", "tokens per chunk: 0 = the plan chooses (default 0), or 1 to 256"},
     {"threads", "N", "worker threads, 0 = all cores (default 0)"},
-    {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"isa", "ISA", "CPU variant: auto, generic, avx2, avx512 or avx512_bf16 (default auto)"},
     {"dtype", "T", "f32 or f64 (default f32)"},
     {"residuals", nullptr, "forward: keep chunk_states and t_inv (every sequence chunked)"},
     {"policy", "P",

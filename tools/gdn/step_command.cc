@@ -72,7 +72,7 @@ const std::vector<OptionSpec> kStepOptions = {
     {"num-spec", "N", "speculative tokens a decode window may carry beyond the first (default 0)"},
     {"chunk-size", "C", "tokens per chunk of the gated delta rule, 1 to 256 (default 64)"},
     {"threads", "N", "worker threads, 0 = all cores (default 0); results do not depend on it"},
-    {"isa", "ISA", "CPU variant: auto, generic, avx2 or avx512 (default auto)"},
+    {"isa", "ISA", "CPU variant: auto, generic, avx2, avx512 or avx512_bf16 (default auto)"},
     {"reference", nullptr, "run the float64 reference instead of the CPU kernels"},
     {"quiet", nullptr, "print nothing on success"},
     {"help", nullptr, "show this help"},
