@@ -120,7 +120,7 @@ nb::dict shape_dict(const ForwardShape& shape, std::int64_t chunks) {
 // the options; returns the facts the Python layer allocates by.
 nb::dict core_shape(const Spec& q, const Spec& k, const Spec& v, const Spec& g, const Spec& beta,
                     const Spec& initial_state, const Spec& cu_seqlens, std::optional<double> scale,
-                    bool l2norm, int chunk_size, bool bf16_matmul) {
+                    bool l2norm, int chunk_size, bool bf16_matmul, int threads) {
   TraceViews views;
   ForwardInputs in;
   in.q = views.view(q, "q");
@@ -136,6 +136,7 @@ nb::dict core_shape(const Spec& q, const Spec& k, const Spec& v, const Spec& g, 
   options.scale = scale;
   options.use_qk_l2norm = l2norm;
   options.chunk_size = chunk_size;
+  options.threads = threads;
   options.matmul_precision = bf16_matmul ? MatmulPrecision::bf16 : MatmulPrecision::compute;
   const ForwardShape shape = forward_shape(in, options);
   return shape_dict(shape, max_chunks(shape, in.cu_seqlens.present(), tokens));
@@ -145,7 +146,7 @@ nb::dict layer_shape(const Spec& qkv, const Spec& a, const Spec& b, const Spec& 
                      const Spec& conv_bias, const Spec& A_log, const Spec& dt_bias,
                      const Spec& conv_state, const Spec& recurrent_state, const Spec& cu_seqlens,
                      std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv,
-                     int chunk_size, bool bf16_matmul) {
+                     int chunk_size, bool bf16_matmul, int threads) {
   TraceViews views;
   LayerInputs in;
   in.qkv = views.view(qkv, "qkv");
@@ -166,6 +167,7 @@ nb::dict layer_shape(const Spec& qkv, const Spec& a, const Spec& b, const Spec& 
   options.dk = dk;
   options.dv = dv;
   options.chunk_size = chunk_size;
+  options.threads = threads;
   options.matmul_precision = bf16_matmul ? MatmulPrecision::bf16 : MatmulPrecision::compute;
   const ForwardShape shape = fused_gdn_shape(in, options);
   return shape_dict(shape, max_chunks(shape, in.cu_seqlens.present(), tokens));
@@ -177,7 +179,7 @@ void check_step(const Spec& qkv, const Spec& b, const Spec& a, const Spec& conv_
                 const Spec& state_indices, const Spec& distribution, const Spec& seq_lens,
                 const Spec& read_state_indices, const Spec& read_offsets, const Spec& out,
                 std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv,
-                std::int64_t num_spec) {
+                std::int64_t num_spec, int threads) {
   TraceViews views;
   StepInputs in;
   in.qkv = views.view(qkv, "qkv");
@@ -202,6 +204,7 @@ void check_step(const Spec& qkv, const Spec& b, const Spec& a, const Spec& conv_
   options.dk = dk;
   options.dv = dv;
   options.num_spec = num_spec;
+  options.threads = threads;
   check_fused_gdn_step(in, pools, views.mutable_view(out, "out"), options);
 }
 

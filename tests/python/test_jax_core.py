@@ -112,9 +112,14 @@ def test_16bit_activations_within_their_rounding(dtype):
     unit = 2.0 ** -8 if dtype == jnp.bfloat16 else 2.0 ** -11  # one rounding of o
     assert_close(o, o_ref, unit, "o")
     assert_close(ht, ht_ref, TOL_F32, "final_state")
-    grads = jax.grad(loss_of(gdn_fn(chunk), p, kw), argnums=(0, 1, 2))(
+    argnums = (0, 1, 2, 3, 4, 5)
+    grads = jax.grad(loss_of(gdn_fn(chunk), p, kw), argnums=argnums)(
         q, k, v, jnp.asarray(p.g), jnp.asarray(p.beta), jnp.asarray(p.h0))
-    assert all(x.dtype == dtype for x in grads)
+    grads_ref = jax.grad(loss_of(ref_fn, p, kw), argnums=argnums)(
+        *f64(q, k, v, p.g, p.beta, p.h0))
+    for name, x, r in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads, grads_ref):
+        assert x.dtype == (dtype if name in ("dq", "dk", "dv") else jnp.float32), name
+        assert_close(x, r, 4 * unit, name)  # measured: 2e-3 (bf16), 2e-4 (f16)
 
 
 def test_residual_policies_give_bit_identical_gradients():
@@ -191,10 +196,41 @@ def test_vmap_runs_each_problem_alone():
 
 
 def test_chunk_size_zero_takes_the_plans_chunk():
-    p, kw, _ = make(CASES[3])
-    o, _ = gdn_fn(0)(*p.args(), **kw)
-    o_ref, _ = ref_fn(*f64(p.q, p.k, p.v, p.g, p.beta), **kw)
+    p, kw, _ = make(CASES[1])
+    planned = gdn._gdn.core_shape(
+        *((x.shape[1:], "float32") for x in (p.q, p.k, p.v, p.g, p.beta)), None,
+        ((len(kw["cu_seqlens"]),), "int32"), 0.25, False, 0, False, 0)["chunk_size"]
+    assert planned in (16, 32, 64, 128)
+    args = (*p.args(), jnp.asarray(p.h0))
+    zero = jax.grad(loss_of(gdn_fn(0), p, kw), argnums=tuple(range(6)))(*args)
+    explicit = jax.grad(loss_of(gdn_fn(planned), p, kw), argnums=tuple(range(6)))(*args)
+    for x, y in zip(zero, explicit):  # the same chunking, so the same bits
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    o, _ = gdn_fn(0)(*args[:5], initial_state=args[5], **kw)
+    o_ref, _ = ref_fn(*f64(p.q, p.k, p.v, p.g, p.beta), initial_state=f64(p.h0)[0], **kw)
     assert_close(o, o_ref, TOL_F32, "o")
+
+
+def test_packed_residual_rows_past_the_batchs_chunks_are_zero():
+    from gdn.jax import _core
+
+    # 2 sequences of 10 and 60 tokens at C = 16: 1 + 4 chunks; the shape allows
+    # min(70, ceil(70 / 16) + 2 - 1) = 6.
+    p = Problem(3, 1, 70, 1, 2, 8, 8)
+    cu = jnp.asarray([0, 10, 70], jnp.int32)
+    q, k, v, g, beta = (x[0] for x in p.args())
+    st = _core._Static(scale=8 ** -0.5, l2norm=True, chunk_size=16, bf16_matmul=False,
+                       threads=0, packed=True, has_h0=False, want_final_state=False,
+                       keep_states=True, keep_t_inv=True, num_seqs=2, max_chunks=6,
+                       compute_dtype="float32")
+    _, _, states, t_inv = _core._forward_call(st, q, k, v, g, beta, None, cu, residuals=True)
+    assert states.shape[0] == 6 and t_inv.shape[0] == 6
+    np.testing.assert_array_equal(np.asarray(states[5:]), 0)
+    np.testing.assert_array_equal(np.asarray(t_inv[5:]), 0)
+    assert np.all(np.asarray(t_inv[:5]).diagonal(axis1=-2, axis2=-1)[..., 0] == 1)
+    shape = gdn._gdn.core_shape(*(((70,) + x.shape[2:], "float32") for x in (
+        p.q, p.k, p.v, p.g, p.beta)), None, ((3,), "int32"), 0.25, True, 16, False, 0)
+    assert shape["max_chunks"] == 6 and shape["num_seqs"] == 2
 
 
 def test_bf16_matmul_operands_within_their_tolerance():
@@ -229,6 +265,16 @@ def test_static_errors_raise_when_traced_with_the_librarys_message():
         call(q, k, v, g, beta, residuals="some")
     with pytest.raises(ValueError, match=r"argument 'q': expected \[1, T, Hk, Dk\] with cu_seqlens"):
         call(q, k, v, g, beta, cu_seqlens=jnp.array([0, 67], jnp.int32))
+    with pytest.raises(ValueError, match=r"argument 'k': expected \[1, T, Hk, Dk\] with cu_seqlens"):
+        call(q[:1], k, v[:1], g[:1], beta[:1], cu_seqlens=jnp.array([0, 67], jnp.int32))
+    with pytest.raises(ValueError, match=r"argument 'g': expected \[1, T, Hv\] with cu_seqlens"):
+        call(q[:1], k[:1], v[:1], g[:, 0], beta[:1], cu_seqlens=jnp.array([0, 67], jnp.int32))
+    with pytest.raises(ValueError, match=r"options.threads"):
+        _trace(lambda q: call(q, k, v, g, beta, threads=-1), q)
+    with pytest.raises(ValueError, match=r"argument 'threads': expected a 32-bit integer"):
+        call(q, k, v, g, beta, threads=2 ** 32)
+    with pytest.raises(ValueError, match=r"argument 'chunk_size': expected an integer"):
+        call(q, k, v, g, beta, chunk_size=64.5)
     with pytest.raises(ValueError, match=r"argument 'cu_seqlens': expected dtype int32 or int64"):
         call(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=jnp.array([0.0, 67.0]))
 

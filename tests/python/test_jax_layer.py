@@ -133,9 +133,16 @@ def test_hybrid_precision_bf16_activations_and_bf16_parameters():
     want, _, rec_want = ref.fused_gdn(*r, **p.heads())
     assert_close(out, want, 2.0 ** -8, "out")
     assert_close(rec_out, rec_want, TOL_F32, "recurrent_state_out")
-    grads = jax.grad(lambda *x: jnp.sum(gdn_layer(*x, **p.heads())[0].astype(jnp.float32)),
-                     argnums=(0, 3, 4, 5))(qkv, a, b, w, A_log, dt_bias)
-    assert [x.dtype for x in grads] == [jnp.bfloat16] * 4
+    d_out = jnp.asarray(p.d_out)
+    argnums = (0, 1, 2, 3, 4, 5)
+    grads = jax.grad(lambda *x: jnp.sum(gdn_layer(*x, **p.heads())[0] * d_out),
+                     argnums=argnums)(qkv, a, b, w, A_log, dt_bias)
+    grads_ref = jax.grad(lambda *x: jnp.sum(ref.fused_gdn(*x, **p.heads())[0] * d_out),
+                         argnums=argnums)(*r)
+    names = ("d_qkv", "d_a", "d_b", "d_conv_weight", "d_A_log", "d_dt_bias")
+    for name, x, y in zip(names, grads, grads_ref):
+        assert x.dtype == jnp.bfloat16, name
+        assert_close(x, y, 2.0 ** -6, name)
 
 
 def test_static_errors_raise_when_traced_with_the_librarys_message():

@@ -135,6 +135,11 @@ def test_static_errors_raise_when_traced():
         batch.run(kernel_size=3)
     with pytest.raises(NotImplementedError, match=r"attention_mode"):
         batch.run(attention_mode="KDA")
+    short = Batch(2, 9, [0, 1, 9], [9, 6], [1, 2, 2], [5, 20], read_state_indices=[2])
+    with pytest.raises(ValueError, match=r"argument 'read_state_indices'"):
+        short.run()
+    with pytest.raises(ValueError, match=r"options.threads"):
+        batch.run(threads=5000)
     batch.rec_pool = batch.rec_pool[:, :, :, :4]
     with pytest.raises(ValueError, match=r"argument 'recurrent_state'"):
         batch.run()

@@ -173,18 +173,22 @@ def chunk_gated_delta_rule(
     initial_state = _ffi.as_compute(initial_state, cdt)
     cu = _ffi.index_array(cu_seqlens, "cu_seqlens")
     packed = cu is not None
-    if packed:
-        if q.ndim != 4 or q.shape[0] != 1:
-            raise ValueError(
-                "gdn: argument 'q': expected [1, T, Hk, Dk] with cu_seqlens (a packed batch), "
-                f"given {list(q.shape)}")
+    if packed:  # fla's packed layout: B = 1, passed on as [T, ...]
+        for name, x, layout in (("q", q, "[1, T, Hk, Dk]"), ("k", k, "[1, T, Hk, Dk]"),
+                                ("v", v, "[1, T, Hv, Dv]"), ("g", g, "[1, T, Hv]"),
+                                ("beta", beta, "[1, T, Hv]")):
+            if x.ndim != len(layout.split(",")) or x.shape[0] != 1:
+                raise ValueError(
+                    f"gdn: argument '{name}': expected {layout} with cu_seqlens (a packed "
+                    f"batch), given {list(x.shape)}")
         q, k, v, g, beta = (x[0] for x in (q, k, v, g, beta))
     if scale is None and q.ndim >= 1:
         scale = float(q.shape[-1]) ** -0.5
     shape = _gdn.core_shape(
         _ffi.spec(q), _ffi.spec(k), _ffi.spec(v), _ffi.spec(g), _ffi.spec(beta),
         _ffi.spec(initial_state), _ffi.spec(cu), float(scale), bool(use_qk_l2norm_in_kernel),
-        int(chunk_size), matmul_precision == "bf16")
+        _ffi.static_int(chunk_size, "chunk_size"), matmul_precision == "bf16",
+        _ffi.static_int(threads, "threads"))
     st = _Static(
         scale=float(scale), l2norm=bool(use_qk_l2norm_in_kernel), chunk_size=shape["chunk_size"],
         bf16_matmul=matmul_precision == "bf16", threads=int(threads), packed=packed,

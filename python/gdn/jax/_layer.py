@@ -182,9 +182,12 @@ def fused_gdn(
         for x in (conv_weight, conv_bias, A_log, dt_bias, conv_state, recurrent_state))
     cu = _ffi.index_array(cu_seqlens, "cu_seqlens")
     args = (qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, recurrent_state, cu)
-    heads = (int(num_k_heads), int(num_v_heads), int(head_k_dim), int(head_v_dim))
-    shape = _gdn.layer_shape(*(_ffi.spec(x) for x in args), *heads, int(chunk_size),
-                             matmul_precision == "bf16")
+    heads = tuple(_ffi.static_int(x, name) for x, name in (
+        (num_k_heads, "num_k_heads"), (num_v_heads, "num_v_heads"), (head_k_dim, "head_k_dim"),
+        (head_v_dim, "head_v_dim")))
+    shape = _gdn.layer_shape(*(_ffi.spec(x) for x in args), *heads,
+                             _ffi.static_int(chunk_size, "chunk_size"),
+                             matmul_precision == "bf16", _ffi.static_int(threads, "threads"))
     st = _Static(
         *heads, chunk_size=shape["chunk_size"], bf16_matmul=matmul_precision == "bf16",
         threads=int(threads), has_conv_bias=conv_bias is not None,

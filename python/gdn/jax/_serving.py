@@ -71,7 +71,12 @@ def fused_conv1d_gdn(
       b, a: [T, n_v] beta logits and gate inputs, the dtype of qkv.
       conv_state: [num_slots, K - 1, D] pool of each slot's last K - 1 raw inputs, oldest
         first. Slot 0 is the null slot (padding reads and writes nothing).
-      recurrent_state: [num_slots, n_v, d_k, d_v] pool, float32.
+      recurrent_state: [num_slots, n_v, d_k, d_v] pool. Either pool is float32 (the default) or
+        bfloat16 (Tokamax's default), each on its own: the state is read into float32, computed
+        in float32 and rounded once when written back. A bf16 recurrent pool drifts from a
+        float32 one: the output by 1e-4 (fast-decaying gates) to 3e-3 (slow ones) relative,
+        settled within 8k decode steps and no larger at 64k (docs/numerics.md, "bf16 state
+        pools"); keep float32 pools where that matters.
       conv_weight: [D, 1, K] (or [D, K]); conv_bias: [D] or None; a_log, dt_bias: [n_v]. Widened
         to float32 (Tokamax defaults them to bf16).
       query_start_loc: int32 [N + 1] token offsets; entries past distribution[2] may be
@@ -98,8 +103,10 @@ def fused_conv1d_gdn(
       ((new_conv_state, new_recurrent_state), out [T, n_v d_v] in qkv's dtype).
 
     Bad shapes and dtypes raise ValueError when traced; bad index values (a slot out of range,
-    two sequences writing one slot, ...) raise when the step runs, and leave both pools as
-    they were.
+    two sequences writing one slot, ...) raise when the step runs, before anything is written.
+    Called directly, the step has donated the pools, so after such an error their arrays are
+    gone (as after any failed donated call); called inside a jit of yours that does not donate
+    them, they are left as they were.
 
     Example::
 
@@ -132,8 +139,10 @@ def fused_conv1d_gdn(
     _gdn.check_step(
         *(_ffi.spec(x) for x in (qkv, b, a, conv_state, recurrent_state, conv_weight, conv_bias,
                                  a_log, dt_bias)),
-        *(_ffi.spec(x) for x in indices), _ffi.spec(out_shape), int(n_kq), int(n_v), int(d_k),
-        int(d_v), int(num_spec_tokens))
+        *(_ffi.spec(x) for x in indices), _ffi.spec(out_shape),
+        *(_ffi.static_int(x, name) for x, name in (
+            (n_kq, "n_kq"), (n_v, "n_v"), (d_k, "d_k"), (d_v, "d_v"),
+            (num_spec_tokens, "num_spec_tokens"), (threads, "threads"))))
     results = (jax.ShapeDtypeStruct(conv_state.shape, conv_state.dtype),
                jax.ShapeDtypeStruct(recurrent_state.shape, recurrent_state.dtype), out_shape)
     qsl, slots, dist, lens, read_slots, offsets = indices
