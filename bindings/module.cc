@@ -222,8 +222,8 @@ Tensor filled(std::initializer_list<std::int64_t> shape, float lo, float hi, std
 }
 
 template <class Run>
-std::vector<double> timed(int repeats, Run run) {
-  run();  // warm-up: page faults, the plan, the caches
+std::vector<double> timed(int repeats, bool warm_up, Run run) {
+  if (warm_up) run();  // page faults, the plan, the caches
   std::vector<double> seconds;
   for (int i = 0; i < repeats; ++i) {
     const auto start = std::chrono::steady_clock::now();
@@ -237,7 +237,7 @@ std::vector<double> timed(int repeats, Run run) {
 // the forward keeping every residual plus the backward from them (what jax.grad runs).
 std::vector<double> time_core(std::int64_t t, std::int64_t hk, std::int64_t hv, std::int64_t dk,
                               std::int64_t dv, bool backward, int chunk_size, int threads,
-                              int repeats) {
+                              int repeats, bool warm_up) {
   const Tensor q = filled({t, hk, dk}, -1, 1, 1), k = filled({t, hk, dk}, -1, 1, 2),
                v = filled({t, hv, dv}, -1, 1, 3), g = filled({t, hv}, -1, -0.01f, 4),
                beta = filled({t, hv}, 0, 1, 5), d_o = filled({t, hv, dv}, -1, 1, 6);
@@ -246,7 +246,7 @@ std::vector<double> time_core(std::int64_t t, std::int64_t hk, std::int64_t hv, 
   options.use_qk_l2norm = true;
   options.chunk_size = chunk_size;
   options.threads = threads;
-  return timed(repeats, [&] {
+  return timed(repeats, warm_up, [&] {
     ForwardResult r = chunk_gated_delta_rule_fwd(in, options, backward ? Residuals::all : Residuals::none);
     if (!backward) return;
     BackwardInputs b = BackwardInputs::from(in);
@@ -260,7 +260,7 @@ std::vector<double> time_core(std::int64_t t, std::int64_t hk, std::int64_t hv, 
 // The same for the layer op (K = 4, no bias, no initial states).
 std::vector<double> time_layer(std::int64_t t, std::int64_t hk, std::int64_t hv, std::int64_t dk,
                                std::int64_t dv, bool backward, int chunk_size, int threads,
-                               int repeats) {
+                               int repeats, bool warm_up) {
   const std::int64_t d = 2 * hk * dk + hv * dv;
   const Tensor qkv = filled({t, d}, -1, 1, 1), a = filled({t, hv}, -1, 1, 2),
                b = filled({t, hv}, -1, 1, 3), w = filled({d, 4}, -0.5f, 0.5f, 4),
@@ -280,7 +280,7 @@ std::vector<double> time_layer(std::int64_t t, std::int64_t hk, std::int64_t hv,
   options.dv = dv;
   options.chunk_size = chunk_size;
   options.threads = threads;
-  return timed(repeats, [&] {
+  return timed(repeats, warm_up, [&] {
     LayerForwardResult r = fused_gdn_fwd(in, options, backward ? Residuals::all : Residuals::none);
     if (!backward) return;
     LayerBackwardInputs bi;
