@@ -39,8 +39,11 @@ fi
 
 if [[ -n "$requirements" ]]; then
   # The requirement files' text, as installed: a change to either re-creates the environment.
+  # The test environment has everything --python needs, so --python keeps it.
   wanted=$(cat python/requirements.txt "$requirements")
-  if [[ ! -x .venv/bin/python || "$(cat .venv/gdn-requirements 2>/dev/null)" != "$wanted" ]]; then
+  tests_env=$(cat python/requirements.txt tests/requirements.txt)
+  have=$(cat .venv/gdn-requirements 2>/dev/null || true)
+  if [[ ! -x .venv/bin/python || ( "$have" != "$wanted" && "$have" != "$tests_env" ) ]]; then
     echo "setup: creating .venv from $requirements"
     rm -rf .venv
     python3 -m venv .venv
