@@ -177,6 +177,23 @@ def test_residual_names_appear_in_the_jaxpr_and_the_saved_set():
     assert "name=gdn_t_inv" in jaxpr and "name=gdn_chunk_states" not in jaxpr
 
 
+def _forward_calls(f, args):
+    return jax.jit(jax.grad(f)).lower(*args).as_text().count("@gdn_forward(")
+
+
+def test_saving_the_output_name_too_leaves_one_forward_call():
+    p, kw, chunk = make(CASES[0])
+    args = (*p.args(), jnp.asarray(p.h0))
+    loss = loss_of(gdn_fn(chunk), p, kw)
+    squared = lambda *a: loss(*a) + jnp.sum(gdn_fn(chunk)(*a[:5], **kw)[0] ** 2)  # noqa: E731
+    names = checkpoint_policies.save_only_these_names
+    # o is needed by the rest of the graph (d/do of o^2): unsaved, the backward replays the call
+    assert _forward_calls(jax.checkpoint(squared, policy=names(*gdn.jax.RESIDUAL_NAMES)),
+                          args) > 2
+    assert _forward_calls(jax.checkpoint(squared, policy=names(
+        *gdn.jax.RESIDUAL_NAMES, gdn.jax.OUTPUT_NAME)), args) == 2
+
+
 def test_final_state_is_none_unless_asked():
     p, kw, chunk = make(CASES[0])
     o, ht = gdn.jax.chunk_gated_delta_rule(*p.args(), chunk_size=chunk, **kw)

@@ -17,4 +17,9 @@ RESIDUAL_NAMES = ("gdn_chunk_states", "gdn_t_inv")
 """The names ``jax.ad_checkpoint.checkpoint_name`` gives the residuals, for
 ``jax.checkpoint_policies.save_only_these_names(*gdn.jax.RESIDUAL_NAMES)``."""
 
-__all__ = ["chunk_gated_delta_rule", "fused_gdn", "fused_conv1d_gdn", "RESIDUAL_NAMES"]
+OUTPUT_NAME = "gdn_core_attn_out"
+"""The name of the ops' output o (MaxText's). A policy that saves it with the residuals keeps
+the backward from replaying the forward call to get o back for the rest of the model."""
+
+__all__ = ["chunk_gated_delta_rule", "fused_gdn", "fused_conv1d_gdn", "RESIDUAL_NAMES",
+           "OUTPUT_NAME"]

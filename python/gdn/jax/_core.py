@@ -85,7 +85,7 @@ def _op(st: _Static):
         o, ht, chunk_states, t_inv = _forward_call(st, q, k, v, g, beta, h0, cu, residuals=True)
         chunk_states = checkpoint_name(chunk_states, "gdn_chunk_states") if st.keep_states else None
         t_inv = checkpoint_name(t_inv, "gdn_t_inv") if st.keep_t_inv else None
-        out = (o, ht if st.want_final_state else None)
+        out = (checkpoint_name(o, "gdn_core_attn_out"), ht if st.want_final_state else None)
         return out, (q, k, v, g, beta, h0, cu, chunk_states, t_inv)
 
     def bwd(res, cotangents):

@@ -98,6 +98,7 @@ def _op(st: _Static):
         out, conv_out, rec_out, states, t_inv = _forward_call(st, args, residuals=True)
         states = checkpoint_name(states, "gdn_chunk_states") if st.keep_states else None
         t_inv = checkpoint_name(t_inv, "gdn_t_inv") if st.keep_t_inv else None
+        out = checkpoint_name(out, "gdn_core_attn_out")
         return (out, conv_out, rec_out), (args, states, t_inv)
 
     def bwd(res, cotangents):
