@@ -34,9 +34,8 @@ ffi::Error forward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::An
                    std::int64_t threads, bool has_h0, bool has_cu_seqlens, bool want_final_state,
                    bool want_chunk_states, bool want_t_inv) {
   return guarded([&] {
-    ForwardInputs in{view(q, "q"),           view(k, "k"),
-                     view(v, "v"),           view(g, "g"),
-                     view(beta, "beta"),     optional_view(h0, has_h0, "initial_state"),
+    ForwardInputs in{view(q, "q"), view(k, "k"),       view(v, "v"),
+                     view(g, "g"), view(beta, "beta"), optional_view(h0, has_h0, "initial_state"),
                      TensorView()};
     std::optional<IndexArray> cu;
     if (has_cu_seqlens) in.cu_seqlens = cu.emplace(cu_seqlens, "cu_seqlens").view();

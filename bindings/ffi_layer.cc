@@ -46,23 +46,21 @@ LayerInputs layer_inputs(const ffi::AnyBuffer& qkv, const ffi::AnyBuffer& a,
   return in;
 }
 
-ffi::Error layer_forward(ffi::AnyBuffer qkv, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                         ffi::AnyBuffer conv_weight, ffi::AnyBuffer conv_bias, ffi::AnyBuffer A_log,
-                         ffi::AnyBuffer dt_bias, ffi::AnyBuffer conv_state,
-                         ffi::AnyBuffer recurrent_state, ffi::AnyBuffer cu_seqlens,
-                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> conv_state_out,
-                         ffi::Result<ffi::AnyBuffer> recurrent_state_out,
-                         ffi::Result<ffi::AnyBuffer> chunk_states, ffi::Result<ffi::AnyBuffer> t_inv,
-                         std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv,
-                         std::int64_t chunk_size, bool bf16_matmul, std::int64_t threads,
-                         bool has_conv_bias, bool has_conv_state, bool has_recurrent_state,
-                         bool has_cu_seqlens, bool want_chunk_states, bool want_t_inv) {
+ffi::Error layer_forward(
+    ffi::AnyBuffer qkv, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer conv_weight,
+    ffi::AnyBuffer conv_bias, ffi::AnyBuffer A_log, ffi::AnyBuffer dt_bias,
+    ffi::AnyBuffer conv_state, ffi::AnyBuffer recurrent_state, ffi::AnyBuffer cu_seqlens,
+    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> conv_state_out,
+    ffi::Result<ffi::AnyBuffer> recurrent_state_out, ffi::Result<ffi::AnyBuffer> chunk_states,
+    ffi::Result<ffi::AnyBuffer> t_inv, std::int64_t hk, std::int64_t hv, std::int64_t dk,
+    std::int64_t dv, std::int64_t chunk_size, bool bf16_matmul, std::int64_t threads,
+    bool has_conv_bias, bool has_conv_state, bool has_recurrent_state, bool has_cu_seqlens,
+    bool want_chunk_states, bool want_t_inv) {
   return guarded([&] {
     std::optional<IndexArray> cu;
-    const LayerInputs in =
-        layer_inputs(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state,
-                     recurrent_state, cu_seqlens, has_conv_bias, has_conv_state,
-                     has_recurrent_state, has_cu_seqlens, cu);
+    const LayerInputs in = layer_inputs(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias,
+                                        conv_state, recurrent_state, cu_seqlens, has_conv_bias,
+                                        has_conv_state, has_recurrent_state, has_cu_seqlens, cu);
     const LayerOptions options = layer_options(hk, hv, dk, dv, chunk_size, bf16_matmul, threads);
     const ForwardShape shape = fused_gdn_shape(in, options);
     LayerOutputs o;
@@ -126,11 +124,11 @@ ffi::Error layer_backward(
 
 // The pools arrive as inputs aliased to the first two results (input_output_aliases): the
 // handler updates them through the results, in place when the caller donated them.
-ffi::Error step(ffi::AnyBuffer qkv, ffi::AnyBuffer b, ffi::AnyBuffer a, ffi::AnyBuffer /*conv_pool*/,
-                ffi::AnyBuffer /*recurrent_pool*/, ffi::AnyBuffer conv_weight,
-                ffi::AnyBuffer conv_bias, ffi::AnyBuffer A_log, ffi::AnyBuffer dt_bias,
-                ffi::AnyBuffer query_start_loc, ffi::AnyBuffer state_indices,
-                ffi::AnyBuffer distribution, ffi::AnyBuffer seq_lens,
+ffi::Error step(ffi::AnyBuffer qkv, ffi::AnyBuffer b, ffi::AnyBuffer a,
+                ffi::AnyBuffer /*conv_pool*/, ffi::AnyBuffer /*recurrent_pool*/,
+                ffi::AnyBuffer conv_weight, ffi::AnyBuffer conv_bias, ffi::AnyBuffer A_log,
+                ffi::AnyBuffer dt_bias, ffi::AnyBuffer query_start_loc,
+                ffi::AnyBuffer state_indices, ffi::AnyBuffer distribution, ffi::AnyBuffer seq_lens,
                 ffi::AnyBuffer read_state_indices, ffi::AnyBuffer read_offsets,
                 ffi::Result<ffi::AnyBuffer> conv_pool_out,
                 ffi::Result<ffi::AnyBuffer> recurrent_pool_out, ffi::Result<ffi::AnyBuffer> out,

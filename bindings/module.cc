@@ -228,7 +228,8 @@ std::vector<double> timed(int repeats, bool warm_up, Run run) {
   for (int i = 0; i < repeats; ++i) {
     const auto start = std::chrono::steady_clock::now();
     run();
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return seconds;
 }
@@ -247,7 +248,8 @@ std::vector<double> time_core(std::int64_t t, std::int64_t hk, std::int64_t hv, 
   options.chunk_size = chunk_size;
   options.threads = threads;
   return timed(repeats, warm_up, [&] {
-    ForwardResult r = chunk_gated_delta_rule_fwd(in, options, backward ? Residuals::all : Residuals::none);
+    ForwardResult r =
+        chunk_gated_delta_rule_fwd(in, options, backward ? Residuals::all : Residuals::none);
     if (!backward) return;
     BackwardInputs b = BackwardInputs::from(in);
     b.d_o = d_o.view();
@@ -301,7 +303,8 @@ nb::capsule handler(XLA_FFI_Error* (*fn)(XLA_FFI_CallFrame*)) {
 
 NB_MODULE(_gdn, m) {
   using namespace gdn::bindings;
-  m.doc() = "gdn's C++ library: XLA FFI handlers and trace-time validation (internal; use gdn.jax).";
+  m.doc() =
+      "gdn's C++ library: XLA FFI handlers and trace-time validation (internal; use gdn.jax).";
   m.attr("__version__") = gdn::kVersion;
   m.def(
       "ffi_handlers",
@@ -315,8 +318,10 @@ NB_MODULE(_gdn, m) {
         return d;
       },
       "The XLA FFI handlers (typed API), name -> capsule, for the CPU platform.");
-  m.def("cpu_isa", [] { return std::string(gdn::cpu_isa_name(gdn::resolve_cpu_isa(gdn::CpuIsa::automatic))); },
-        "The CPU kernel variant calls run on this machine (avx512, avx2 or generic).");
+  m.def(
+      "cpu_isa",
+      [] { return std::string(gdn::cpu_isa_name(gdn::resolve_cpu_isa(gdn::CpuIsa::automatic))); },
+      "The CPU kernel variant calls run on this machine (avx512, avx2 or generic).");
   m.def("default_threads", &gdn::default_threads, "Threads a call with threads = 0 uses.");
   m.def("core_shape", &core_shape);
   m.def("layer_shape", &layer_shape);
