@@ -237,7 +237,7 @@ def test_packed_residual_rows_past_the_batchs_chunks_are_zero():
     cu = jnp.asarray([0, 10, 70], jnp.int32)
     q, k, v, g, beta = (x[0] for x in p.args())
     st = _core._Static(scale=8 ** -0.5, l2norm=True, chunk_size=16, bf16_matmul=False,
-                       threads=0, packed=True, has_h0=False, want_final_state=False,
+                       threads=0, has_h0=False, want_final_state=False,
                        keep_states=True, keep_t_inv=True, num_seqs=2, max_chunks=6,
                        compute_dtype="float32")
     _, _, states, t_inv = _core._forward_call(st, q, k, v, g, beta, None, cu, residuals=True)

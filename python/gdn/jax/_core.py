@@ -21,7 +21,6 @@ class _Static(NamedTuple):
     chunk_size: int  # resolved (never 0)
     bf16_matmul: bool
     threads: int
-    packed: bool  # cu_seqlens given: [1, T, ...] passed as [T, ...]
     has_h0: bool
     want_final_state: bool
     keep_states: bool
@@ -191,7 +190,7 @@ def chunk_gated_delta_rule(
         _ffi.static_int(threads, "threads"))
     st = _Static(
         scale=float(scale), l2norm=bool(use_qk_l2norm_in_kernel), chunk_size=shape["chunk_size"],
-        bf16_matmul=matmul_precision == "bf16", threads=int(threads), packed=packed,
+        bf16_matmul=matmul_precision == "bf16", threads=int(threads),
         has_h0=initial_state is not None, want_final_state=bool(output_final_state),
         keep_states=residuals == "all", keep_t_inv=residuals in ("all", "t_inv"),
         num_seqs=shape["num_seqs"], max_chunks=shape["max_chunks"],
