@@ -3,6 +3,7 @@
 
 #include "api/validate.h"
 #include "cpu/backward.h"
+#include "cpu/float_env.h"
 #include "reference/reference.h"
 
 namespace gdn {
@@ -35,6 +36,7 @@ void chunk_gated_delta_rule_bwd(const BackwardInputs& inputs, const BackwardOutp
                                 const ForwardOptions& options) {
   detail::ValidatedBackward validated;
   detail::validate_backward(inputs, outputs, options, detail::OutputPrecision::native, &validated);
+  const cpu::SubnormalsAsZero mode;
   cpu::backward(validated.problem, options.isa);
 }
 

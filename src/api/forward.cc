@@ -2,6 +2,7 @@
 #include "gdn/forward.h"
 
 #include "api/validate.h"
+#include "cpu/float_env.h"
 #include "cpu/forward.h"
 #include "gdn/reference.h"
 #include "reference/reference.h"
@@ -43,6 +44,7 @@ void chunk_gated_delta_rule_fwd(const ForwardInputs& inputs, const ForwardOutput
                                 const ForwardOptions& options) {
   detail::ValidatedForward validated;
   detail::validate_forward(inputs, outputs, options, detail::OutputPrecision::native, &validated);
+  const cpu::SubnormalsAsZero mode;
   cpu::forward(validated.problem, options.isa);
 }
 

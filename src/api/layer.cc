@@ -11,6 +11,7 @@
 
 #include "api/layer_parts.h"
 #include "api/validate.h"
+#include "cpu/float_env.h"
 #include "cpu/layer.h"
 #include "reference/reference.h"
 
@@ -294,6 +295,7 @@ void fused_gdn_fwd(const LayerInputs& inputs, const LayerOutputs& outputs,
                    const LayerOptions& options) {
   detail::ValidatedLayer v;
   detail::validate_layer_forward(inputs, outputs, options, detail::OutputPrecision::native, &v);
+  const cpu::SubnormalsAsZero mode;
   if (v.dtype == DType::f64) {
     layer_forward<double>(inputs, outputs, options, v);
   } else {
@@ -324,6 +326,7 @@ void fused_gdn_bwd(const LayerBackwardInputs& inputs, const LayerBackwardOutputs
                    const LayerOptions& options) {
   detail::ValidatedLayer v;
   detail::validate_layer_backward(inputs, outputs, options, detail::OutputPrecision::native, &v);
+  const cpu::SubnormalsAsZero mode;
   if (v.dtype == DType::f64) {
     layer_backward<double>(inputs, outputs, options, v);
   } else {

@@ -24,6 +24,7 @@
 #include "api/step_plan.h"
 #include "api/validate.h"
 #include "common/half_bits.h"
+#include "cpu/float_env.h"
 #include "cpu/layer.h"
 
 namespace gdn {
@@ -374,6 +375,7 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
   validate_step(inputs, pools, out, options, OutputPrecision::native, &v);
   // Planned before anything is written: a forced split the batch cannot take throws here.
   const Plan plan = decode_plan(options, v, force);
+  const cpu::SubnormalsAsZero mode;
   if (v.layer.dtype == DType::f64) {
     step_cpu<double>(inputs, pools, out, options, v, plan);
   } else {

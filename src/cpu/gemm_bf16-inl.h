@@ -10,9 +10,9 @@
 // instruction instead of one).
 //
 // Operands are rounded as the float32 emulation rounds them (to nearest, ties to even, NaN
-// kept), so both modes multiply the same bf16 values but for subnormals, which vdpbf16ps reads
-// as zero; the sums differ in order (pairs) and in vdpbf16ps flushing subnormal float32
-// results, which the bf16-operand tolerance covers (docs/numerics.md).
+// kept), so both modes multiply the same bf16 values (subnormals read as zero in both: the
+// calls run with DAZ and FTZ, cpu/float_env.h); the sums differ in order (pairs), which the
+// bf16-operand tolerance covers (docs/numerics.md).
 //
 // The shapes: the parts of A that kLowerA / kUpperA declare zero are packed as zeros, whatever
 // the caller's memory holds there, so a tile's k range can be widened to whole pairs: the extra

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/float_env.h"
 #include "gdn/error.h"
 
 #ifdef _OPENMP
@@ -19,7 +20,8 @@ namespace gdn::cpu {
 // Runs fn(item, workspace) for every item in [0, items) on up to `threads` OpenMP threads
 // (never more than items), handing items out dynamically; each thread gets its own 64-byte
 // aligned workspace of `bytes`, allocated before the parallel region (an exception cannot
-// leave one) and freed after it. Which thread runs an item must not change its result.
+// leave one) and freed after it. Which thread runs an item must not change its result. Items
+// run with subnormals as zero (cpu/float_env.h).
 template <class Fn>
 void for_each_item(int threads, std::int64_t items, std::size_t bytes, Fn&& fn) {
   struct Free {
@@ -37,15 +39,18 @@ void for_each_item(int threads, std::int64_t items, std::size_t bytes, Fn&& fn) 
     workspaces.emplace_back(static_cast<std::byte*>(p));
   }
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-#endif
-  for (std::int64_t item = 0; item < items; ++item) {
-#ifdef _OPENMP
-    fn(item, workspaces[static_cast<std::size_t>(omp_get_thread_num())].get());
-#else
-    fn(item, workspaces[0].get());
-#endif
+#pragma omp parallel num_threads(threads)
+  {
+    const SubnormalsAsZero mode;  // a pool thread keeps whatever mode it was created with
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t item = 0; item < items; ++item) {
+      fn(item, workspaces[static_cast<std::size_t>(omp_get_thread_num())].get());
+    }
   }
+#else
+  const SubnormalsAsZero mode;
+  for (std::int64_t item = 0; item < items; ++item) fn(item, workspaces[0].get());
+#endif
 }
 
 }  // namespace gdn::cpu
