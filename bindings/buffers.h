@@ -7,14 +7,13 @@
 // int32 array is widened into a small host vector first (N + 1 values per call).
 #pragma once
 
-#include <sys/mman.h>
-
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
 
+#include "bindings/huge_pages.h"
 #include "gdn/error.h"
 #include "gdn/tensor.h"
 #include "xla/ffi/api/ffi.h"
@@ -61,16 +60,6 @@ inline TensorView view(const ffi::AnyBuffer& b, const char* name) {
 
 inline TensorView optional_view(const ffi::AnyBuffer& b, bool present, const char* name) {
   return present ? view(b, name) : TensorView();
-}
-
-// XLA allocates a large result afresh for every run, usually as a new mapping that the op's
-// first writes fault in 4 KiB at a time; transparent huge pages advised over its whole 2 MiB
-// pages take 2 MiB a fault (the library's own Tensor does the same). Advice only.
-inline void advise_huge_pages(void* data, std::size_t bytes) {
-  constexpr std::uintptr_t kHuge = std::uintptr_t{1} << 21;
-  const auto begin = (reinterpret_cast<std::uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
-  const auto end = (reinterpret_cast<std::uintptr_t>(data) + bytes) & ~(kHuge - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 }
 
 inline MutableTensorView mutable_view(ffi::Result<ffi::AnyBuffer>& b, const char* name) {

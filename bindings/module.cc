@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bindings/direct.h"
 #include "bindings/handlers.h"
 #include "gdn/gdn.h"
 
@@ -328,4 +329,5 @@ NB_MODULE(_gdn, m) {
   m.def("check_step", &check_step);
   m.def("time_core", &time_core, nb::call_guard<nb::gil_scoped_release>());
   m.def("time_layer", &time_layer, nb::call_guard<nb::gil_scoped_release>());
+  define_direct_calls(m);
 }

@@ -11,10 +11,16 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 
+def as_float64(x):
+    """A NumPy float64 copy of a JAX or NumPy array or a torch tensor (bf16 included)."""
+    if hasattr(x, "detach"):  # torch
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, np.float64)
+
+
 def rel_error(x, ref):
     """Normwise relative error ||x - ref|| / ||ref|| in float64 (0 when both are zero)."""
-    x = np.asarray(x, np.float64)
-    ref = np.asarray(ref, np.float64)
+    x, ref = as_float64(x), as_float64(ref)
     assert x.shape == ref.shape, (x.shape, ref.shape)
     denom = np.linalg.norm(ref)
     diff = np.linalg.norm(x - ref)
@@ -23,7 +29,8 @@ def rel_error(x, ref):
 
 def assert_close(x, ref, tol, what=""):
     err = rel_error(x, ref)
-    worst = np.unravel_index(np.argmax(np.abs(np.asarray(x, np.float64) - np.asarray(ref, np.float64))), np.shape(ref)) if np.size(ref) else ()
+    x, ref = as_float64(x), as_float64(ref)
+    worst = np.unravel_index(np.argmax(np.abs(x - ref)), ref.shape) if ref.size else ()
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e} (worst at {worst})"
 
 

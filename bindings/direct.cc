@@ -1,0 +1,188 @@
+// direct.cc: the core op called from Python on memory the caller owns (gdn.torch): each tensor
+// arrives as (address, sizes, strides in elements, dtype name), or None when absent, and becomes
+// a gdn view; the public C++ op validates everything and writes the outputs in place, with the
+// GIL released. No framework headers: the extension builds without torch.
+//
+// Residual outputs are sized by the caller for the most chunks a batch of this shape can have
+// (what a fake kernel can know without reading cu_seqlens): the op fills the first
+// total_chunks rows and the rest are zeroed, as in the XLA handlers.
+#include "bindings/direct.h"
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bindings/huge_pages.h"
+#include "gdn/gdn.h"
+
+namespace nb = nanobind;
+
+namespace gdn::bindings {
+namespace {
+
+using Raw = std::optional<
+    std::tuple<std::int64_t, std::vector<std::int64_t>, std::vector<std::int64_t>, std::string>>;
+
+DType raw_dtype(const std::string& name, const char* argument) {
+  if (name == "float32") return DType::f32;
+  if (name == "float64") return DType::f64;
+  if (name == "bfloat16") return DType::bf16;
+  if (name == "float16") return DType::f16;
+  if (name == "int32") return DType::i32;
+  if (name == "int64") return DType::i64;
+  throw InvalidArgument(argument, "dtype float32, float64, bfloat16, float16, int32 or int64",
+                        name);
+}
+
+MutableTensorView raw_view(const Raw& raw, const char* argument) {
+  if (!raw) return {};
+  const auto& [address, sizes, strides, dtype] = *raw;
+  if (sizes.empty() || sizes.size() > static_cast<std::size_t>(kMaxRank)) {
+    throw InvalidArgument(argument, "rank 1 to 4", "rank " + std::to_string(sizes.size()));
+  }
+  Dims s{}, st{};
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    s[i] = sizes[i];
+    st[i] = strides[i];
+  }
+  return MutableTensorView(reinterpret_cast<void*>(address), raw_dtype(dtype, argument),
+                           static_cast<int>(sizes.size()), s, st);
+}
+
+// cu_seqlens as int64: an int32 array is widened into `storage`.
+TensorView index_view(const Raw& raw, std::vector<std::int64_t>& storage, const char* argument) {
+  const TensorView v = raw_view(raw, argument);
+  if (!v.present() || v.dtype != DType::i32 || v.rank != 1) return v;
+  storage.resize(static_cast<std::size_t>(v.sizes[0]));
+  const auto* p = static_cast<const std::int32_t*>(v.data);
+  for (std::int64_t i = 0; i < v.sizes[0]; ++i) storage[i] = p[i * v.strides[0]];
+  return TensorView(storage.data(), DType::i64, 1, v.sizes, {1, 0, 0, 0});
+}
+
+// An output the caller allocated: huge pages advised over it before the op writes it.
+MutableTensorView output_view(const Raw& raw, const char* argument) {
+  const MutableTensorView v = raw_view(raw, argument);
+  if (v.present() && v.numel() > 0) {
+    std::int64_t span = 1;  // elements from the first to one past the last (strides >= 0)
+    for (int i = 0; i < v.rank; ++i)
+      span += (v.sizes[i] - 1) * (v.strides[i] > 0 ? v.strides[i] : 0);
+    advise_huge_pages(v.data, static_cast<std::size_t>(span) * dtype_size(v.dtype));
+  }
+  return v;
+}
+
+MutableTensorView leading(MutableTensorView v, std::int64_t rows) {
+  if (v.present()) v.sizes[0] = rows;
+  return v;
+}
+
+// Rows [from, sizes[0]) of a residual buffer the caller allocated contiguous: zeroed.
+void zero_rows(const MutableTensorView& v, std::int64_t from) {
+  if (!v.present() || from >= v.sizes[0]) return;
+  const std::int64_t row = v.strides[0] * static_cast<std::int64_t>(dtype_size(v.dtype));
+  std::memset(static_cast<char*>(v.data) + from * row, 0,
+              static_cast<std::size_t>((v.sizes[0] - from) * row));
+}
+
+ForwardOptions options_of(std::optional<double> scale, bool l2norm, int chunk_size, bool recurrent,
+                          bool bf16_matmul, int threads) {
+  ForwardOptions o;
+  o.scale = scale;
+  o.use_qk_l2norm = l2norm;
+  o.chunk_size = chunk_size;
+  o.threads = threads;
+  o.algorithm = recurrent ? Algorithm::recurrent : Algorithm::automatic;
+  o.matmul_precision = bf16_matmul ? MatmulPrecision::bf16 : MatmulPrecision::compute;
+  return o;
+}
+
+// The forward: the fast path, or (reference) the float64 token recurrence gdn::ref, whose
+// outputs must be float64.
+void core_forward(const Raw& q, const Raw& k, const Raw& v, const Raw& g, const Raw& beta,
+                  const Raw& initial_state, const Raw& cu_seqlens, const Raw& o,
+                  const Raw& final_state, const Raw& chunk_states, const Raw& t_inv,
+                  std::optional<double> scale, bool l2norm, int chunk_size, bool recurrent,
+                  bool bf16_matmul, int threads, bool reference) {
+  std::vector<std::int64_t> cu;
+  ForwardInputs in{raw_view(q, "q"),
+                   raw_view(k, "k"),
+                   raw_view(v, "v"),
+                   raw_view(g, "g"),
+                   raw_view(beta, "beta"),
+                   raw_view(initial_state, "initial_state"),
+                   index_view(cu_seqlens, cu, "cu_seqlens")};
+  const ForwardOptions options =
+      options_of(scale, l2norm, chunk_size, recurrent, bf16_matmul, threads);
+  const MutableTensorView states = output_view(chunk_states, "chunk_states");
+  const MutableTensorView tinv = output_view(t_inv, "t_inv");
+  nb::gil_scoped_release released;
+  const ForwardShape shape = forward_shape(in, options);
+  const ForwardOutputs out{output_view(o, "o"), output_view(final_state, "final_state"),
+                           leading(states, shape.total_chunks), leading(tinv, shape.total_chunks)};
+  if (reference) {
+    ref::recurrent_fwd(in, out, options);
+  } else {
+    chunk_gated_delta_rule_fwd(in, out, options);
+  }
+  zero_rows(states, shape.total_chunks);
+  zero_rows(tinv, shape.total_chunks);
+}
+
+// The backward from whichever residuals are given (absent ones are rebuilt), or (reference)
+// gdn::ref's float64 reverse mode of the token recurrence.
+void core_backward(const Raw& q, const Raw& k, const Raw& v, const Raw& g, const Raw& beta,
+                   const Raw& initial_state, const Raw& cu_seqlens, const Raw& d_o,
+                   const Raw& d_final_state, const Raw& chunk_states, const Raw& t_inv,
+                   const Raw& dq, const Raw& dk, const Raw& dv, const Raw& dg, const Raw& dbeta,
+                   const Raw& d_initial_state, std::optional<double> scale, bool l2norm,
+                   int chunk_size, bool bf16_matmul, int threads, bool reference) {
+  std::vector<std::int64_t> cu;
+  BackwardInputs in;
+  in.q = raw_view(q, "q");
+  in.k = raw_view(k, "k");
+  in.v = raw_view(v, "v");
+  in.g = raw_view(g, "g");
+  in.beta = raw_view(beta, "beta");
+  in.initial_state = raw_view(initial_state, "initial_state");
+  in.cu_seqlens = index_view(cu_seqlens, cu, "cu_seqlens");
+  in.d_o = raw_view(d_o, "d_o");
+  in.d_final_state = raw_view(d_final_state, "d_final_state");
+  const ForwardOptions options = options_of(scale, l2norm, chunk_size, false, bf16_matmul, threads);
+  const BackwardOutputs out{
+      output_view(dq, "dq"),       output_view(dk, "dk"),
+      output_view(dv, "dv"),       output_view(dg, "dg"),
+      output_view(dbeta, "dbeta"), output_view(d_initial_state, "d_initial_state")};
+  const MutableTensorView states = raw_view(chunk_states, "chunk_states");
+  const MutableTensorView tinv = raw_view(t_inv, "t_inv");
+  nb::gil_scoped_release released;
+  const ForwardShape shape = forward_shape(in.forward(), options);
+  in.chunk_states = leading(states, shape.total_chunks);
+  in.t_inv = leading(tinv, shape.total_chunks);
+  if (reference) {
+    ref::recurrent_bwd(in, out, options);
+  } else {
+    chunk_gated_delta_rule_bwd(in, out, options);
+  }
+}
+
+}  // namespace
+
+void define_direct_calls(nb::module_& m) {
+  m.def("core_forward", &core_forward,
+        "The core forward on caller-owned memory: tensors as (address, sizes, strides, dtype) "
+        "or None; reference=True runs gdn::ref's float64 token recurrence.");
+  m.def("core_backward", &core_backward,
+        "The core backward on caller-owned memory (absent residuals are rebuilt); "
+        "reference=True runs gdn::ref's float64 reverse mode.");
+}
+
+}  // namespace gdn::bindings

@@ -1,0 +1,174 @@
+"""The torch.library custom ops over the C++ core op: ``gdn::chunk_fwd`` and ``gdn::chunk_bwd``,
+their fake (meta) kernels for ``torch.compile``, and the autograd formula that joins them.
+
+The ops take and return plain tensors in the packed ([T, H, D]) or batched ([B, T, H, D])
+layout of the C++ library; ``gdn.torch.chunk_gated_delta_rule`` (fla's signature) is the entry
+point. Each call hands the library the tensors' addresses, sizes and strides
+(``gdn._gdn.core_forward``), which validates everything and writes outputs allocated here.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from gdn import _gdn
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
+                torch.float16: "float16", torch.int32: "int32", torch.int64: "int64"}
+
+
+def raw(t: Optional[Tensor]):
+    """(address, sizes, strides, dtype name) of a CPU tensor for the library, None for None."""
+    if t is None:
+        return None
+    if t.device.type != "cpu":
+        raise ValueError(f"gdn: expected CPU tensors, given a tensor on {t.device}")
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None:
+        name = str(t.dtype).removeprefix("torch.")  # the library names the argument and dtype
+    return (t.data_ptr(), list(t.shape), list(t.stride()), name)
+
+
+def compute_dtype(activations: torch.dtype) -> torch.dtype:
+    """float64 for float64 activations, else float32 (state, gates, residuals)."""
+    return torch.float64 if activations == torch.float64 else torch.float32
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def residual_rows(q: Tensor, cu_seqlens: Optional[Tensor], chunk_size: int):
+    """Rows of a residual buffer: the batch's chunks when shapes alone give them, else the most
+    N sequences over T tokens can have (each adds at most one partial chunk, none is empty).
+    Shape arithmetic only, so that fake tensors with symbolic sizes go through it."""
+    if q.dim() == 4:
+        return q.shape[0] * _cdiv(q.shape[1], chunk_size)
+    tokens = q.shape[0]
+    if cu_seqlens is None:
+        return _cdiv(tokens, chunk_size)
+    return torch.sym_min(tokens, _cdiv(tokens, chunk_size) + cu_seqlens.shape[0] - 2)
+
+
+def _forward_outputs(q, v, cu_seqlens, chunk_size, want_final_state, keep_chunk_states,
+                     keep_t_inv, factory):
+    cdt = compute_dtype(q.dtype)
+    hv, dk, dv = v.shape[-2], q.shape[-1], v.shape[-1]
+    num_seqs = (cu_seqlens.shape[0] - 1 if cu_seqlens is not None
+                else (q.shape[0] if q.dim() == 4 else 1))
+    rows = residual_rows(q, cu_seqlens, chunk_size)
+    o = factory(v.shape, dtype=q.dtype)
+    ht = factory((num_seqs, hv, dk, dv) if want_final_state else (0,), dtype=cdt)
+    states = factory((rows, hv, dk, dv) if keep_chunk_states else (0,), dtype=cdt)
+    t_inv = factory((rows, hv, chunk_size, chunk_size) if keep_t_inv else (0,), dtype=cdt)
+    return o, ht, states, t_inv
+
+
+@torch.library.custom_op("gdn::chunk_fwd", mutates_args=(), device_types="cpu")
+def chunk_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+              initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float,
+              use_qk_l2norm: bool, chunk_size: int, recurrent: bool, bf16_matmul: bool,
+              threads: int, want_final_state: bool, keep_chunk_states: bool,
+              keep_t_inv: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The forward: (o, final_state, chunk_states, t_inv); an output not asked for is an empty
+    tensor of shape [0]. Residual rows past the batch's chunks are zero."""
+    o, ht, states, t_inv = _forward_outputs(q, v, cu_seqlens, chunk_size, want_final_state,
+                                            keep_chunk_states, keep_t_inv, torch.empty)
+    _gdn.core_forward(
+        raw(q), raw(k), raw(v), raw(g), raw(beta), raw(initial_state), raw(cu_seqlens), raw(o),
+        raw(ht) if want_final_state else None, raw(states) if keep_chunk_states else None,
+        raw(t_inv) if keep_t_inv else None, scale, use_qk_l2norm, chunk_size, recurrent,
+        bf16_matmul, threads, False)
+    return o, ht, states, t_inv
+
+
+@chunk_fwd.register_fake
+def _(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm, chunk_size, recurrent,
+      bf16_matmul, threads, want_final_state, keep_chunk_states, keep_t_inv):
+    return _forward_outputs(q, v, cu_seqlens, chunk_size, want_final_state, keep_chunk_states,
+                            keep_t_inv, q.new_empty)
+
+
+def _backward_outputs(q, k, v, g, beta, initial_state, factory):
+    cdt = compute_dtype(q.dtype)
+    return (factory(q.shape, dtype=q.dtype), factory(k.shape, dtype=k.dtype),
+            factory(v.shape, dtype=v.dtype), factory(g.shape, dtype=cdt),
+            factory(beta.shape, dtype=cdt),
+            factory(initial_state.shape if initial_state is not None else (0,), dtype=cdt))
+
+
+@torch.library.custom_op("gdn::chunk_bwd", mutates_args=(), device_types="cpu")
+def chunk_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+              initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], d_o: Tensor,
+              d_final_state: Optional[Tensor], chunk_states: Optional[Tensor],
+              t_inv: Optional[Tensor], scale: float, use_qk_l2norm: bool, chunk_size: int,
+              bf16_matmul: bool, threads: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                        Tensor]:
+    """The backward: (dq, dk, dv, dg, dbeta, d_initial_state), the last empty ([0]) without an
+    initial state. Absent residuals are rebuilt by the library (its t_inv / none policies)."""
+    outs = _backward_outputs(q, k, v, g, beta, initial_state, torch.empty)
+    _gdn.core_backward(
+        raw(q), raw(k), raw(v), raw(g), raw(beta), raw(initial_state), raw(cu_seqlens), raw(d_o),
+        raw(d_final_state), raw(chunk_states), raw(t_inv), *(raw(x) for x in outs[:5]),
+        raw(outs[5]) if initial_state is not None else None, scale, use_qk_l2norm, chunk_size,
+        bf16_matmul, threads, False)
+    return outs
+
+
+@chunk_bwd.register_fake
+def _(q, k, v, g, beta, initial_state, cu_seqlens, d_o, d_final_state, chunk_states, t_inv,
+      scale, use_qk_l2norm, chunk_size, bf16_matmul, threads):
+    return _backward_outputs(q, k, v, g, beta, initial_state, q.new_empty)
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, g, beta, h0, cu, scale, l2norm, chunk_size, _recurrent, bf16_matmul, threads,
+     want_final_state, keep_chunk_states, keep_t_inv) = inputs
+    _, _, states, t_inv = output
+    ctx.save_for_backward(q, k, v, g, beta, h0, cu, states if keep_chunk_states else None,
+                          t_inv if keep_t_inv else None)
+    ctx.options = (scale, l2norm, chunk_size, bf16_matmul, threads)
+    ctx.want_final_state = want_final_state
+    ctx.mark_non_differentiable(states, t_inv)
+
+
+def _backward(ctx, d_o, d_ht, _d_states, _d_t_inv):
+    q, k, v, g, beta, h0, cu, states, t_inv = ctx.saved_tensors
+    scale, l2norm, chunk_size, bf16_matmul, threads = ctx.options
+    d_ht = d_ht if ctx.want_final_state else None
+    dq, dk, dv, dg, dbeta, dh0 = chunk_bwd(q, k, v, g, beta, h0, cu, d_o, d_ht, states, t_inv,
+                                           scale, l2norm, chunk_size, bf16_matmul, threads)
+    return (dq, dk, dv, dg, dbeta, dh0 if h0 is not None else None, None, None, None, None, None,
+            None, None, None, None, None)
+
+
+torch.library.register_autograd("gdn::chunk_fwd", _backward, setup_context=_setup_context)
+
+
+def reference_forward(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm,
+                      chunk_size, want_final_state, keep_chunk_states):
+    """gdn::ref's float64 token recurrence (the definition), outputs float64."""
+    o, ht, states, _ = _forward_outputs(q, v, cu_seqlens, chunk_size, want_final_state,
+                                        keep_chunk_states, False, torch.empty)
+    o, ht, states = (x.to(torch.float64) for x in (o, ht, states))
+    _gdn.core_forward(
+        raw(q), raw(k), raw(v), raw(g), raw(beta), raw(initial_state), raw(cu_seqlens), raw(o),
+        raw(ht) if want_final_state else None, raw(states) if keep_chunk_states else None, None,
+        scale, use_qk_l2norm, chunk_size, True, False, 0, True)
+    return o, (ht if want_final_state else None), (states if keep_chunk_states else None)
+
+
+def reference_backward(q, k, v, g, beta, initial_state, cu_seqlens, d_o, d_final_state, scale,
+                       use_qk_l2norm):
+    """gdn::ref's float64 reverse mode of the token recurrence, outputs float64."""
+    outs = [x.to(torch.float64) for x in _backward_outputs(q, k, v, g, beta, initial_state,
+                                                            torch.empty)]
+    _gdn.core_backward(
+        raw(q), raw(k), raw(v), raw(g), raw(beta), raw(initial_state), raw(cu_seqlens), raw(d_o),
+        raw(d_final_state), None, None, *(raw(x) for x in outs[:5]),
+        raw(outs[5]) if initial_state is not None else None, scale, use_qk_l2norm, 64, False, 0,
+        True)
+    return tuple(outs[:5]) + ((outs[5] if initial_state is not None else None),)
