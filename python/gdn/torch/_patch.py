@@ -72,7 +72,7 @@ def patch(model: nn.Module) -> nn.Module:
 
     Example::
 
-        model = transformers.AutoModelForCausalLM.from_pretrained("Qwen/Qwen3-Next-80B-A3B-Instruct")
+        model = transformers.AutoModelForCausalLM.from_pretrained(name)  # a Qwen3-Next model
         gdn.torch.patch(model)
         out = model.generate(**inputs, max_new_tokens=32)
     """
