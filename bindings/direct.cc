@@ -49,8 +49,15 @@ MutableTensorView raw_view(const Raw& raw, const char* argument) {
   if (sizes.empty() || sizes.size() > static_cast<std::size_t>(kMaxRank)) {
     throw InvalidArgument(argument, "rank 1 to 4", "rank " + std::to_string(sizes.size()));
   }
+  if (strides.size() != sizes.size()) {
+    throw InvalidArgument(argument, std::to_string(sizes.size()) + " strides (one per dimension)",
+                          std::to_string(strides.size()));
+  }
   Dims s{}, st{};
   for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] < 0) {
+      throw InvalidArgument(argument, "sizes >= 0", "size " + std::to_string(sizes[i]));
+    }
     s[i] = sizes[i];
     st[i] = strides[i];
   }
@@ -61,7 +68,10 @@ MutableTensorView raw_view(const Raw& raw, const char* argument) {
 // cu_seqlens as int64: an int32 array is widened into `storage`.
 TensorView index_view(const Raw& raw, std::vector<std::int64_t>& storage, const char* argument) {
   const TensorView v = raw_view(raw, argument);
-  if (!v.present() || v.dtype != DType::i32 || v.rank != 1) return v;
+  if (!v.present() || v.dtype != DType::i32 || v.rank != 1) return v;  // the op names these
+  if (v.sizes[0] > 0 && v.data == nullptr) {
+    throw InvalidArgument(argument, "a non-null data pointer", "null");
+  }
   storage.resize(static_cast<std::size_t>(v.sizes[0]));
   const auto* p = static_cast<const std::int32_t*>(v.data);
   for (std::int64_t i = 0; i < v.sizes[0]; ++i) storage[i] = p[i * v.strides[0]];
@@ -80,12 +90,29 @@ MutableTensorView output_view(const Raw& raw, const char* argument) {
   return v;
 }
 
-MutableTensorView leading(MutableTensorView v, std::int64_t rows) {
-  if (v.present()) v.sizes[0] = rows;
+// A residual buffer must be dense row-major: its tail rows are zeroed as one block.
+MutableTensorView dense_residual(const Raw& raw, const char* argument) {
+  const MutableTensorView v = output_view(raw, argument);
+  if (v.present() && v.strides != contiguous_strides(v.sizes, v.rank)) {
+    throw InvalidArgument(argument, "a contiguous (row-major) buffer", "other strides");
+  }
   return v;
 }
 
-// Rows [from, sizes[0]) of a residual buffer the caller allocated contiguous: zeroed.
+// The first `rows` rows of a residual buffer sized for the most chunks a batch can have.
+MutableTensorView leading(MutableTensorView v, std::int64_t rows, const char* argument) {
+  if (!v.present()) return v;
+  if (v.sizes[0] < rows) {
+    throw InvalidArgument(argument,
+                          "at least " + std::to_string(rows) + " rows (the batch's chunks)",
+                          std::to_string(v.sizes[0]) + " rows");
+  }
+  v.sizes[0] = rows;
+  return v;
+}
+
+// Rows [from, sizes[0]) of a residual buffer, zeroed; the torch layer allocates them
+// contiguous, the only layout this is written for (row r starts r * strides[0] elements in).
 void zero_rows(const MutableTensorView& v, std::int64_t from) {
   if (!v.present() || from >= v.sizes[0]) return;
   const std::int64_t row = v.strides[0] * static_cast<std::int64_t>(dtype_size(v.dtype));
@@ -122,12 +149,13 @@ void core_forward(const Raw& q, const Raw& k, const Raw& v, const Raw& g, const 
                    index_view(cu_seqlens, cu, "cu_seqlens")};
   const ForwardOptions options =
       options_of(scale, l2norm, chunk_size, recurrent, bf16_matmul, threads);
-  const MutableTensorView states = output_view(chunk_states, "chunk_states");
-  const MutableTensorView tinv = output_view(t_inv, "t_inv");
+  const MutableTensorView states = dense_residual(chunk_states, "chunk_states");
+  const MutableTensorView tinv = dense_residual(t_inv, "t_inv");
   nb::gil_scoped_release released;
   const ForwardShape shape = forward_shape(in, options);
   const ForwardOutputs out{output_view(o, "o"), output_view(final_state, "final_state"),
-                           leading(states, shape.total_chunks), leading(tinv, shape.total_chunks)};
+                           leading(states, shape.total_chunks, "chunk_states"),
+                           leading(tinv, shape.total_chunks, "t_inv")};
   if (reference) {
     ref::recurrent_fwd(in, out, options);
   } else {
@@ -165,8 +193,8 @@ void core_backward(const Raw& q, const Raw& k, const Raw& v, const Raw& g, const
   const MutableTensorView tinv = raw_view(t_inv, "t_inv");
   nb::gil_scoped_release released;
   const ForwardShape shape = forward_shape(in.forward(), options);
-  in.chunk_states = leading(states, shape.total_chunks);
-  in.t_inv = leading(tinv, shape.total_chunks);
+  in.chunk_states = leading(states, shape.total_chunks, "chunk_states");
+  in.t_inv = leading(tinv, shape.total_chunks, "t_inv");
   if (reference) {
     ref::recurrent_bwd(in, out, options);
   } else {

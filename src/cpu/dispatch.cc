@@ -1,4 +1,5 @@
 // dispatch.cc: which ISA variant runs, and the helpers every variant shares.
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,9 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#ifdef __unix__
+#include <pthread.h>
 #endif
 
 namespace gdn {
@@ -232,6 +236,25 @@ CpuIsa resolve_cpu_isa(CpuIsa requested) {
   }
   return requested;
 }
+
+namespace cpu {
+namespace {
+
+std::atomic<bool> forked_child{false};
+
+// Registered once, before the first parallel call could have started OpenMP's threads.
+const bool fork_handler_registered = [] {
+#ifdef __unix__
+  pthread_atfork(nullptr, nullptr, [] { forked_child.store(true, std::memory_order_relaxed); });
+#endif
+  return true;
+}();
+
+}  // namespace
+
+bool in_forked_child() { return forked_child.load(std::memory_order_relaxed); }
+
+}  // namespace cpu
 
 int default_threads() {
 #ifdef _OPENMP

@@ -17,6 +17,12 @@
 
 namespace gdn::cpu {
 
+// True in a process forked after gdn's first parallel call, until it execs: GNU libgomp's
+// thread pool does not survive fork (the child's first parallel region waits forever on the
+// parent's threads), so every call there runs on the calling thread alone. Results do not
+// depend on the thread count, so nothing else changes.
+bool in_forked_child();
+
 // Runs fn(item, workspace) for every item in [0, items) on up to `threads` OpenMP threads
 // (never more than items), handing items out dynamically; each thread gets its own 64-byte
 // aligned workspace of `bytes`, allocated before the parallel region (an exception cannot
@@ -28,6 +34,7 @@ void for_each_item(int threads, std::int64_t items, std::size_t bytes, Fn&& fn) 
     void operator()(std::byte* p) const { std::free(p); }
   };
   if (threads > items) threads = static_cast<int>(items > 0 ? items : 1);
+  if (threads > 1 && in_forked_child()) threads = 1;
   bytes = (bytes + 63) / 64 * 64;
   std::vector<std::unique_ptr<std::byte[], Free>> workspaces;
   for (int t = 0; t < threads; ++t) {
@@ -37,6 +44,11 @@ void for_each_item(int threads, std::int64_t items, std::size_t bytes, Fn&& fn) 
                          " bytes");
     }
     workspaces.emplace_back(static_cast<std::byte*>(p));
+  }
+  if (threads <= 1) {  // no OpenMP region: one thread needs none, and a forked child can't
+    const SubnormalsAsZero mode;
+    for (std::int64_t item = 0; item < items; ++item) fn(item, workspaces[0].get());
+    return;
   }
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)

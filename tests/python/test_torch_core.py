@@ -295,3 +295,56 @@ def test_bad_inputs_raise_value_errors_naming_the_argument():
         f(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=torch.tensor([0, 30, 20, 37]))
     with pytest.raises(ValueError, match="argument 'q'"):
         f(q.to(torch.int32), k, v, g, beta)
+
+
+def test_a_tensor_on_another_device_is_refused_by_name():
+    c = Case(CASES[1])
+    q, k, v, g, beta, h0 = c.inputs()
+    with pytest.raises(ValueError, match="argument 'cu_seqlens'.*meta"):
+        gdn.torch.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=c.cu.to("meta"))
+    with pytest.raises(ValueError, match="argument 'initial_state'.*meta"):
+        gdn.torch.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=c.cu,
+                                         initial_state=h0.to("meta"))
+
+
+def test_the_extension_checks_what_the_ops_hand_it():
+    from gdn import _gdn
+    from gdn.torch import _ops
+    c = Case(CASES[1])
+    q, k, v, g, beta, h0 = c.inputs()
+    q, k, v, g, beta = (x[0] for x in (q, k, v, g, beta))
+    # a residual buffer with fewer rows than the batch's chunks: refused, nothing read past it
+    _, _, states, t_inv = torch.ops.gdn.chunk_fwd(q, k, v, g, beta, h0, c.cu, 0.5, False, 16,
+                                                  False, False, 0, False, True, True)
+    d_o = torch.zeros_like(v)
+    with pytest.raises(ValueError, match="argument 'chunk_states'.*rows"):
+        torch.ops.gdn.chunk_bwd(q, k, v, g, beta, h0, c.cu, d_o, None, states[:2].clone(), t_inv,
+                                0.5, False, 16, False, 0)
+    raw = list(_ops.raw(q))
+    raw[2] = []  # strides of the wrong length
+    o = torch.empty_like(v)
+    args = lambda qq, cu: (qq, _ops.raw(k), _ops.raw(v), _ops.raw(g), _ops.raw(beta),  # noqa
+                           None, cu, _ops.raw(o), None, None, None, 0.5, False, 16, False,
+                           False, 1, False)
+    with pytest.raises(ValueError, match="argument 'q'.*strides"):
+        _gdn.core_forward(*args(tuple(raw), None))
+    with pytest.raises(ValueError, match="argument 'cu_seqlens'.*non-null"):
+        _gdn.core_forward(*args(_ops.raw(q), (0, [3], [1], "int32")))
+    with pytest.raises(ValueError, match="argument 'cu_seqlens'.*sizes >= 0"):
+        _gdn.core_forward(*args(_ops.raw(q), (0, [-1], [1], "int32")))
+
+
+def test_a_forked_child_runs_the_op_after_a_threaded_parent():
+    # GNU OpenMP's thread pool does not survive fork: the child runs on one thread.
+    import multiprocessing as mp
+    c = Case(CASES[0])
+    q, k, v, g, beta, h0 = c.inputs()
+    want, _ = gdn.torch.chunk_gated_delta_rule(q, k, v, g, beta, threads=2, chunk_size=16)
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_child_forward, ((q, k, v, g, beta),)).get(timeout=120)
+    assert torch.equal(got, want)
+
+
+def _child_forward(xs):
+    return gdn.torch.chunk_gated_delta_rule(*xs, threads=2, chunk_size=16)[0]

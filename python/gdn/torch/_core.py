@@ -63,8 +63,21 @@ def _unsupported(name, value, default):
         raise ValueError(f"gdn: argument '{name}': only {default!r} is supported, given {value!r}")
 
 
+def _check_devices(**tensors):
+    """Every tensor on the CPU (or all on the meta device, for shape inference): one tensor
+    elsewhere would route the call to the fake kernel and return uninitialised memory."""
+    devices = {name: t.device.type for name, t in tensors.items() if isinstance(t, Tensor)}
+    want = "meta" if devices and all(d == "meta" for d in devices.values()) else "cpu"
+    for name, device in devices.items():
+        if device != want:
+            raise ValueError(f"gdn: argument '{name}': expected a tensor on the CPU (gdn's "
+                             f"kernels run there), given one on {device}")
+
+
 def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
          cu_seqlens, chunk_size, residuals, matmul_precision, threads, recurrent, state_v_first):
+    _check_devices(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                   cu_seqlens=cu_seqlens)
     _choice(residuals, RESIDUALS, "residuals")
     _choice(matmul_precision, MATMUL_PRECISIONS, "matmul_precision")
     chunk_size = _static_int(chunk_size, "chunk_size")
