@@ -7,6 +7,7 @@
 // (what a fake kernel can know without reading cu_seqlens): the op fills the first
 // total_chunks rows and the rest are zeroed, as in the XLA handlers.
 #include "bindings/direct.h"
+#include "bindings/dtype_names.h"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
@@ -32,17 +33,6 @@ namespace {
 using Raw = std::optional<
     std::tuple<std::int64_t, std::vector<std::int64_t>, std::vector<std::int64_t>, std::string>>;
 
-DType raw_dtype(const std::string& name, const char* argument) {
-  if (name == "float32") return DType::f32;
-  if (name == "float64") return DType::f64;
-  if (name == "bfloat16") return DType::bf16;
-  if (name == "float16") return DType::f16;
-  if (name == "int32") return DType::i32;
-  if (name == "int64") return DType::i64;
-  throw InvalidArgument(argument, "dtype float32, float64, bfloat16, float16, int32 or int64",
-                        name);
-}
-
 MutableTensorView raw_view(const Raw& raw, const char* argument) {
   if (!raw) return {};
   const auto& [address, sizes, strides, dtype] = *raw;
@@ -61,7 +51,7 @@ MutableTensorView raw_view(const Raw& raw, const char* argument) {
     s[i] = sizes[i];
     st[i] = strides[i];
   }
-  return MutableTensorView(reinterpret_cast<void*>(address), raw_dtype(dtype, argument),
+  return MutableTensorView(reinterpret_cast<void*>(address), dtype_named(dtype, argument),
                            static_cast<int>(sizes.size()), s, st);
 }
 

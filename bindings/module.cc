@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bindings/direct.h"
+#include "bindings/dtype_names.h"
 #include "bindings/handlers.h"
 #include "gdn/gdn.h"
 
@@ -33,17 +34,6 @@ namespace {
 
 // (shape, dtype name) of one argument, or None for an absent one.
 using Spec = std::optional<std::tuple<std::vector<std::int64_t>, std::string>>;
-
-DType dtype_named(const std::string& name, const char* argument) {
-  if (name == "float32") return DType::f32;
-  if (name == "float64") return DType::f64;
-  if (name == "bfloat16") return DType::bf16;
-  if (name == "float16") return DType::f16;
-  if (name == "int32") return DType::i32;
-  if (name == "int64") return DType::i64;
-  throw InvalidArgument(argument, "dtype float32, float64, bfloat16, float16, int32 or int64",
-                        name);
-}
 
 Dims dims_of(const std::vector<std::int64_t>& shape, const char* argument) {
   if (shape.empty() || shape.size() > static_cast<std::size_t>(kMaxRank)) {

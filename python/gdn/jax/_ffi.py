@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from gdn import _gdn
+from gdn._options import check_choice, static_int  # noqa: F401 (the ops call them here)
 
 for _name, _capsule in _gdn.ffi_handlers().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
@@ -56,24 +57,6 @@ def index_array(x, name):
     if x.dtype not in (jnp.int32, jnp.int64):
         raise ValueError(f"gdn: argument '{name}': expected dtype int32 or int64, given {x.dtype}")
     return x
-
-
-def static_int(value, name):
-    """An integer option (a Python int or NumPy integer within int32), else ValueError; the
-    library checks its range."""
-    import operator
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ValueError(f"gdn: argument '{name}': expected an integer, given {value!r}") from None
-    if not -2**31 <= v < 2**31:
-        raise ValueError(f"gdn: argument '{name}': expected a 32-bit integer, given {v}")
-    return v
-
-
-def check_choice(value, choices, name):
-    if value not in choices:
-        raise ValueError(f"gdn: argument '{name}': expected one of {choices}, given {value!r}")
 
 
 def placeholder(x):

@@ -3,32 +3,17 @@ kernels, differentiable through the custom ops of ``gdn.torch._ops``."""
 
 from __future__ import annotations
 
-import operator
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from gdn import _gdn
+from gdn._options import check_choice, static_int
 from gdn.torch import _ops
 
 RESIDUALS = ("all", "t_inv", "none")
 MATMUL_PRECISIONS = ("compute", "bf16")
-
-
-def _static_int(value, name):
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ValueError(f"gdn: argument '{name}': expected an integer, given {value!r}") from None
-    if not -2**31 <= v < 2**31:
-        raise ValueError(f"gdn: argument '{name}': expected a 32-bit integer, given {v}")
-    return v
-
-
-def _choice(value, choices, name):
-    if value not in choices:
-        raise ValueError(f"gdn: argument '{name}': expected one of {choices}, given {value!r}")
 
 
 def _spec(t: Optional[Tensor]):
@@ -78,10 +63,10 @@ def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2no
          cu_seqlens, chunk_size, residuals, matmul_precision, threads, recurrent, state_v_first):
     _check_devices(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                    cu_seqlens=cu_seqlens)
-    _choice(residuals, RESIDUALS, "residuals")
-    _choice(matmul_precision, MATMUL_PRECISIONS, "matmul_precision")
-    chunk_size = _static_int(chunk_size, "chunk_size")
-    threads = _static_int(threads, "threads")
+    check_choice(residuals, RESIDUALS, "residuals")
+    check_choice(matmul_precision, MATMUL_PRECISIONS, "matmul_precision")
+    chunk_size = static_int(chunk_size, "chunk_size")
+    threads = static_int(threads, "threads")
     cdt = _ops.compute_dtype(q.dtype)
     g, beta = _as_compute(g, cdt), _as_compute(beta, cdt)
     if initial_state is not None:
