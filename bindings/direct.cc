@@ -7,7 +7,6 @@
 // (what a fake kernel can know without reading cu_seqlens): the op fills the first
 // total_chunks rows and the rest are zeroed, as in the XLA handlers.
 #include "bindings/direct.h"
-#include "bindings/dtype_names.h"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
@@ -22,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bindings/dtype_names.h"
 #include "bindings/huge_pages.h"
 #include "gdn/gdn.h"
 
