@@ -2,6 +2,7 @@
 #pragma once
 
 #include "gdn/backward.h"   // IWYU pragma: export
+#include "gdn/conv.h"       // IWYU pragma: export
 #include "gdn/error.h"      // IWYU pragma: export
 #include "gdn/forward.h"    // IWYU pragma: export
 #include "gdn/layer.h"      // IWYU pragma: export

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "api/conv_parts.h"
 #include "api/layer_parts.h"
 #include "api/validate.h"
 #include "cpu/float_env.h"
@@ -18,20 +19,13 @@
 namespace gdn {
 namespace {
 
-// Element i0 (, i1 (, i2)) of a view of any float dtype, as Real; and written from Real.
-template <class View>
-std::int64_t offset_of(const View& v, std::int64_t i0, std::int64_t i1, std::int64_t i2) {
-  return i0 * v.strides[0] + (v.rank > 1 ? i1 * v.strides[1] : 0) +
-         (v.rank > 2 ? i2 * v.strides[2] : 0);
-}
 template <class Real>
 Real read(const TensorView& v, std::int64_t i0, std::int64_t i1 = 0, std::int64_t i2 = 0) {
-  return detail::element<Real>(v, offset_of(v, i0, i1, i2));
+  return detail::read_at<Real>(v, i0, i1, i2);
 }
 template <class Real>
-void write(const MutableTensorView& v, Real value, std::int64_t i0, std::int64_t i1 = 0,
-           std::int64_t i2 = 0) {
-  detail::store_element<Real>(v, offset_of(v, i0, i1, i2), value);
+void write(const MutableTensorView& v, Real value, std::int64_t i0, std::int64_t i1 = 0) {
+  detail::write_at<Real>(v, value, i0, i1);
 }
 
 // A 16-bit [T, C] view as a float32 copy (the gated delta rule on the conv's float32 output
@@ -71,58 +65,28 @@ View heads_view(const View& v, std::int64_t hv, std::int64_t dv) {
 
 // The compute-dtype temporaries of one call.
 struct Work {
-  Tensor weight, bias, state_in, xh, g, beta;
-  detail::ConvProblem conv;
+  Tensor g, beta;
+  detail::ConvBuffers conv;
 };
 
 template <class Real>
 void prepare(const LayerInputs& in, const LayerOptions& options, const detail::ValidatedLayer& v,
              Work& w) {
-  const std::int64_t k = v.taps, d = v.channels, cpad = (d + 15) / 16 * 16;
-  const std::int64_t n = v.core.num_seqs, t_count = v.tokens, hv = options.hv;
-  w.weight = Tensor(v.compute_dtype, {k, cpad});
-  w.bias = Tensor(v.compute_dtype, {cpad});
-  detail::conv_parameters(in.conv_weight, in.conv_bias, k, d, cpad,
-                          static_cast<Real*>(w.weight.raw()), static_cast<Real*>(w.bias.raw()));
-  if (in.conv_state.present()) {
-    w.state_in = Tensor(v.compute_dtype, {n, k - 1, d});
-    Real* s = static_cast<Real*>(w.state_in.raw());
-    for (std::int64_t q = 0; q < n; ++q) {
-      for (std::int64_t r = 0; r + 1 < k; ++r) {
-        for (std::int64_t c = 0; c < d; ++c)
-          s[(q * (k - 1) + r) * d + c] = read<Real>(in.conv_state, q, r, c);
-      }
-    }
-  }
-  w.xh = Tensor(v.compute_dtype, {t_count, d});
-  w.g = Tensor(v.compute_dtype, {t_count, hv});
-  w.beta = Tensor(v.compute_dtype, {t_count, hv});
-  detail::ConvProblem& p = w.conv;
-  p.tokens = t_count;
-  p.channels = d;
-  p.taps = k;
-  p.cpad = cpad;
-  p.num_seqs = n;
-  p.seqs = v.sequences.data();
-  p.dtype = v.compute_dtype;
-  p.x_dtype = v.dtype;
-  p.x = static_cast<const std::byte*>(in.qkv.data);
-  p.x_token = in.qkv.strides[0];
-  p.x_channel = in.qkv.strides[1];
-  p.weight = static_cast<const std::byte*>(w.weight.raw());
-  p.bias = static_cast<const std::byte*>(w.bias.raw());
-  p.state_in = in.conv_state.present() ? static_cast<const std::byte*>(w.state_in.raw()) : nullptr;
-  p.xh = static_cast<std::byte*>(w.xh.raw());
-  detail::layer_gates(in.a, in.b, in.A_log, in.dt_bias, t_count, hv, static_cast<Real*>(w.g.raw()),
-                      static_cast<Real*>(w.beta.raw()));
+  detail::prepare_conv<Real>(in.qkv, in.conv_weight, in.conv_bias, in.conv_state, v.sequences,
+                             v.taps, v.compute_dtype, true, nullptr, &w.conv);
+  w.g = Tensor(v.compute_dtype, {v.tokens, options.hv});
+  w.beta = Tensor(v.compute_dtype, {v.tokens, options.hv});
+  detail::layer_gates(in.a, in.b, in.A_log, in.dt_bias, v.tokens, options.hv,
+                      static_cast<Real*>(w.g.raw()), static_cast<Real*>(w.beta.raw()));
 }
 
 // The gated delta rule's inputs: views of xh, g and beta.
 ForwardInputs core_inputs(const LayerInputs& in, const LayerOptions& o, const Work& w) {
-  const std::int64_t t = w.xh.size(0), d = w.xh.size(1), qk = o.hk * o.dk;
-  return {view(w.xh, 0, {t, o.hk, o.dk}, {d, o.dk, 1}),
-          view(w.xh, qk, {t, o.hk, o.dk}, {d, o.dk, 1}),
-          view(w.xh, 2 * qk, {t, o.hv, o.dv}, {d, o.dv, 1}),
+  const Tensor& xh = w.conv.xh;
+  const std::int64_t t = xh.size(0), d = xh.size(1), qk = o.hk * o.dk;
+  return {view(xh, 0, {t, o.hk, o.dk}, {d, o.dk, 1}),
+          view(xh, qk, {t, o.hk, o.dk}, {d, o.dk, 1}),
+          view(xh, 2 * qk, {t, o.hv, o.dv}, {d, o.dv, 1}),
           w.g.view(),
           w.beta.view(),
           in.recurrent_state,
@@ -139,34 +103,12 @@ ForwardOptions core_options(const LayerOptions& o) {
   return f;
 }
 
-// The new conv states: each sequence's last K - 1 raw inputs, partly from its old conv state
-// when it is shorter than K - 1. Increasing rows, so an in-place update reads before it writes.
-template <class Real>
-void write_conv_state(const LayerInputs& in, const detail::ValidatedLayer& v,
-                      const MutableTensorView& out) {
-  if (!out.present()) return;
-  const std::int64_t k = v.taps, d = v.channels;
-  for (std::size_t s = 0; s < v.sequences.size(); ++s) {
-    const detail::Sequence& seq = v.sequences[s];
-    for (std::int64_t r = 0; r + 1 < k; ++r) {
-      const std::int64_t j = seq.length - (k - 1) + r;
-      for (std::int64_t c = 0; c < d; ++c) {
-        const Real x = j >= 0 ? read<Real>(in.qkv, seq.start + j, c)
-                       : in.conv_state.present()
-                           ? read<Real>(in.conv_state, static_cast<std::int64_t>(s), k - 1 + j, c)
-                           : Real{0};
-        write<Real>(out, x, static_cast<std::int64_t>(s), r, c);
-      }
-    }
-  }
-}
-
 template <class Real>
 void layer_forward(const LayerInputs& in, const LayerOutputs& out, const LayerOptions& options,
                    const detail::ValidatedLayer& v) {
   Work w;
   prepare<Real>(in, options, v, w);
-  cpu::conv_forward(w.conv, options.isa, options.threads);
+  cpu::conv_forward(w.conv.problem, options.isa, options.threads);
   // 16-bit activations: the gated delta rule writes float32 (its inputs are the conv's float32
   // output), rounded into out once.
   const bool narrow = v.dtype != v.compute_dtype;
@@ -183,18 +125,19 @@ void layer_forward(const LayerInputs& in, const LayerOutputs& out, const LayerOp
       for (std::int64_t c = 0; c < width; ++c) write<Real>(out.out, o[t * width + c], t, c);
     }
   }
-  write_conv_state<Real>(in, v, out.conv_state_out);
+  detail::write_final_conv_state<Real>(in.qkv, in.conv_state, v.sequences, v.taps,
+                                       out.conv_state_out);
 }
 
 template <class Real>
 void layer_backward(const LayerBackwardInputs& in, const LayerBackwardOutputs& out,
                     const LayerOptions& options, const detail::ValidatedLayer& v) {
   const LayerInputs& f = in.forward;
-  const std::int64_t t_count = v.tokens, d = v.channels, k = v.taps, hv = options.hv;
-  const std::int64_t n = v.core.num_seqs, qk = options.hk * options.dk;
+  const std::int64_t t_count = v.tokens, d = v.channels, hv = options.hv;
+  const std::int64_t qk = options.hk * options.dk;
   Work w;
   prepare<Real>(f, options, v, w);
-  cpu::conv_forward(w.conv, options.isa, options.threads);
+  cpu::conv_forward(w.conv.problem, options.isa, options.threads);
 
   // The gated delta rule's backward, into dxh (dq, dk, dv are views of it), dg and dbeta.
   const DType cd = v.compute_dtype;
@@ -236,51 +179,12 @@ void layer_backward(const LayerBackwardInputs& in, const LayerBackwardOutputs& o
   }
 
   // The conv's backward.
-  Tensor d_state_out, d_state_in, dweight(cd, {k, w.conv.cpad}), dbias(cd, {w.conv.cpad});
-  detail::ConvProblem& p = w.conv;
-  if (in.d_conv_state_out.present()) {
-    d_state_out = Tensor(cd, {n, k - 1, d});
-    Real* s = static_cast<Real*>(d_state_out.raw());
-    for (std::int64_t q = 0; q < n; ++q) {
-      for (std::int64_t r = 0; r + 1 < k; ++r) {
-        for (std::int64_t c = 0; c < d; ++c)
-          s[(q * (k - 1) + r) * d + c] = read<Real>(in.d_conv_state_out, q, r, c);
-      }
-    }
-    p.d_state_out = static_cast<const std::byte*>(d_state_out.raw());
-  }
-  if (out.d_conv_state.present()) {
-    d_state_in = Tensor(cd, {n, k - 1, d});
-    p.d_state_in = static_cast<std::byte*>(d_state_in.raw());
-  }
-  p.dxh = static_cast<const std::byte*>(dxh.raw());
-  p.dx = static_cast<std::byte*>(out.d_qkv.data);
-  p.dx_token = out.d_qkv.strides[0];
-  p.dx_channel = out.d_qkv.strides[1];
-  p.dweight = static_cast<std::byte*>(dweight.raw());
-  p.dbias = static_cast<std::byte*>(dbias.raw());
-  cpu::conv_backward(p, options.isa, options.threads);
-  const Real* dw = static_cast<const Real*>(dweight.raw());
-  const Real* db = static_cast<const Real*>(dbias.raw());
-  for (std::int64_t c = 0; c < d; ++c) {
-    for (std::int64_t i = 0; i < k; ++i) {
-      if (out.d_conv_weight.rank == 2) {
-        write<Real>(out.d_conv_weight, dw[i * p.cpad + c], c, i);
-      } else {
-        write<Real>(out.d_conv_weight, dw[i * p.cpad + c], c, 0, i);
-      }
-    }
-    if (out.d_conv_bias.present()) write<Real>(out.d_conv_bias, db[c], c);
-  }
-  if (out.d_conv_state.present()) {
-    const Real* s = static_cast<const Real*>(d_state_in.raw());
-    for (std::int64_t q = 0; q < n; ++q) {
-      for (std::int64_t r = 0; r + 1 < k; ++r) {
-        for (std::int64_t c = 0; c < d; ++c)
-          write<Real>(out.d_conv_state, s[(q * (k - 1) + r) * d + c], q, r, c);
-      }
-    }
-  }
+  detail::ConvGradBuffers grads;
+  detail::prepare_conv_backward<Real>(in.d_conv_state_out, out.d_qkv, out.d_conv_state.present(),
+                                      static_cast<const Real*>(dxh.raw()), &w.conv, &grads);
+  cpu::conv_backward(w.conv.problem, options.isa, options.threads);
+  detail::write_conv_gradients<Real>(w.conv.problem, grads, out.d_conv_weight, out.d_conv_bias,
+                                     out.d_conv_state);
 }
 
 }  // namespace

@@ -72,17 +72,18 @@ struct BackwardProblem {
   MatrixTensor<std::byte*> d_initial_state;
 };
 
-// The causal depthwise conv1d + SiLU of the fused layer op, over channels [0, channels) of
-// packed sequences. x (qkv) and dx (d_qkv) are the caller's views (token and channel strides);
-// everything else is a contiguous buffer of the compute type that src/cpu/layer.cc prepares:
-// weight and its gradient transposed to [taps][cpad], bias [cpad] (zeros when absent), the
-// conv states [N][taps - 1][channels], xh and dxh [tokens][channels].
+// The causal depthwise conv1d (+ SiLU) of the fused layer op and the conv op, over channels [0,
+// channels) of packed sequences. x (qkv) and dx (d_qkv) are the caller's views (token and channel
+// strides); everything else is a contiguous buffer of the compute type that src/cpu/layer.cc
+// prepares: weight and its gradient transposed to [taps][cpad], bias [cpad] (zeros when absent),
+// the conv states [N][taps - 1][channels], xh and dxh [tokens][channels].
 struct ConvProblem {
   std::int64_t tokens = 0, channels = 0, taps = 0, cpad = 0;
   std::int64_t num_seqs = 0;
   const Sequence* seqs = nullptr;
   DType dtype = DType::f32;    // the compute dtype: every buffer
   DType x_dtype = DType::f32;  // of x and dx: the compute dtype, or bf16 / f16 (float32 compute)
+  bool silu = true;            // out = SiLU(y), else y (gdn/conv.h)
 
   const std::byte* x = nullptr;
   std::int64_t x_token = 0, x_channel = 0;

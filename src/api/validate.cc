@@ -62,6 +62,8 @@ MatrixTensor<BytePointer<Pointer>> matrix_tensor(const BasicTensorView<Pointer>&
   return m;
 }
 
+}  // namespace
+
 // The sequences cu_seqlens defines over `tokens` tokens, with their first chunk indices.
 void packed_sequences(const TensorView& cu, std::int64_t tokens, std::int64_t chunk,
                       const char* tokens_of, std::vector<Sequence>* seqs) {
@@ -96,6 +98,8 @@ void packed_sequences(const TensorView& cu, std::int64_t tokens, std::int64_t ch
          "cu_seqlens[" + std::to_string(n) + "] = " + std::to_string(last));
   }
 }
+
+namespace {
 
 // options.matmul_precision: compute or bf16, and bf16 only with float32 compute.
 void check_matmul_precision(MatmulPrecision precision, DType compute_dtype) {
@@ -140,6 +144,8 @@ void set_forward_inputs(const ForwardInputs& in, const ForwardOptions& options,
   p->initial_state = matrix_tensor(in.initial_state);
 }
 
+}  // namespace
+
 // Why a gate, state or residual has the compute dtype, for error messages.
 std::string compute_dtype_why(DType activations) {
   if (activations == DType::f64) return " (the compute dtype of float64 inputs)";
@@ -147,7 +153,38 @@ std::string compute_dtype_why(DType activations) {
          " inputs: parameters, gates, states and residuals are float32)";
 }
 
-}  // namespace
+void check_threads_and_isa(int threads, CpuIsa isa) {
+  if (threads < 0 || threads > kMaxThreads) {
+    fail("options.threads", "0 (all cores) to " + std::to_string(kMaxThreads),
+         std::to_string(threads));
+  }
+  if (isa != CpuIsa::automatic && isa != CpuIsa::generic && isa != CpuIsa::avx2 &&
+      isa != CpuIsa::avx512 && isa != CpuIsa::avx512_bf16) {
+    fail("options.isa", "automatic, generic, avx2, avx512 or avx512_bf16",
+         std::to_string(static_cast<int>(isa)));
+  }
+}
+
+// conv weight [D, K] or [D, 1, K] and bias [D] in the compute dtype; returns K.
+std::int64_t check_conv_parameters(const char* weight_name, const char* bias_name,
+                                   const TensorView& w, const TensorView& bias, std::int64_t d,
+                                   DType compute_dtype, const std::string& why) {
+  if (!(w.rank == 2 || (w.rank == 3 && w.sizes[1] == 1)) || w.sizes[0] != d) {
+    fail(weight_name, "[D, K] or [D, 1, K] with D = " + std::to_string(d), shape_of(w));
+  }
+  const std::int64_t taps = w.sizes[w.rank - 1];
+  if (taps < 1 || taps > kMaxConvTaps) {
+    fail(weight_name, "K from 1 to " + std::to_string(kMaxConvTaps), "K = " + std::to_string(taps));
+  }
+  check_extent(weight_name, w);
+  expect_dtype(weight_name, w, compute_dtype, why);
+  if (bias.present()) {
+    expect_shape(bias_name, bias, 1, {d, 0, 0, 0}, "[D]");
+    check_extent(bias_name, bias);
+    expect_dtype(bias_name, bias, compute_dtype, why);
+  }
+  return taps;
+}
 
 ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& options,
                              std::vector<Sequence>* sequences) {
@@ -281,20 +318,11 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
            given.str());
     }
   }
-  if (options.threads < 0 || options.threads > kMaxThreads) {
-    fail("options.threads", "0 (all cores) to " + std::to_string(kMaxThreads),
-         std::to_string(options.threads));
-  }
+  check_threads_and_isa(options.threads, options.isa);
   if (options.algorithm != Algorithm::automatic && options.algorithm != Algorithm::chunked &&
       options.algorithm != Algorithm::recurrent) {
     fail("options.algorithm", "automatic, chunked or recurrent",
          std::to_string(static_cast<int>(options.algorithm)));
-  }
-  if (options.isa != CpuIsa::automatic && options.isa != CpuIsa::generic &&
-      options.isa != CpuIsa::avx2 && options.isa != CpuIsa::avx512 &&
-      options.isa != CpuIsa::avx512_bf16) {
-    fail("options.isa", "automatic, generic, avx2, avx512 or avx512_bf16",
-         std::to_string(static_cast<int>(options.isa)));
   }
   check_matmul_precision(options.matmul_precision, shape.compute_dtype);
   if (options.matmul_precision == MatmulPrecision::bf16) {
@@ -506,16 +534,7 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
     fail("options.chunk_size", "0 (the tiling plan chooses) or an integer in [1, 256]",
          std::to_string(options.chunk_size));
   }
-  if (options.threads < 0 || options.threads > kMaxThreads) {
-    fail("options.threads", "0 (all cores) to " + std::to_string(kMaxThreads),
-         std::to_string(options.threads));
-  }
-  if (options.isa != CpuIsa::automatic && options.isa != CpuIsa::generic &&
-      options.isa != CpuIsa::avx2 && options.isa != CpuIsa::avx512 &&
-      options.isa != CpuIsa::avx512_bf16) {
-    fail("options.isa", "automatic, generic, avx2, avx512 or avx512_bf16",
-         std::to_string(static_cast<int>(options.isa)));
-  }
+  check_threads_and_isa(options.threads, options.isa);
   for (const auto& [name, view] : {std::pair<const char*, const TensorView*>{"qkv", &in.qkv},
                                    {"a", &in.a},
                                    {"b", &in.b},
@@ -557,22 +576,8 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
     check_extent(name, *view);
     expect_dtype(name, *view, r.dtype, same_dtype);
   }
-  const TensorView& w = in.conv_weight;
-  if (!(w.rank == 2 || (w.rank == 3 && w.sizes[1] == 1)) || w.sizes[0] != d) {
-    fail("conv_weight", "[D, K] or [D, 1, K] with D = " + std::to_string(d), shape_of(w));
-  }
-  r.taps = w.sizes[w.rank - 1];
-  if (r.taps < 1 || r.taps > kMaxConvTaps) {
-    fail("conv_weight", "K from 1 to " + std::to_string(kMaxConvTaps),
-         "K = " + std::to_string(r.taps));
-  }
-  check_extent("conv_weight", w);
-  expect_dtype("conv_weight", w, r.compute_dtype, compute);
-  if (in.conv_bias.present()) {
-    expect_shape("conv_bias", in.conv_bias, 1, {d, 0, 0, 0}, "[D]");
-    check_extent("conv_bias", in.conv_bias);
-    expect_dtype("conv_bias", in.conv_bias, r.compute_dtype, compute);
-  }
+  r.taps = check_conv_parameters("conv_weight", "conv_bias", in.conv_weight, in.conv_bias, d,
+                                 r.compute_dtype, compute);
   for (const auto& [name, view] :
        {std::pair<const char*, const TensorView*>{"A_log", &in.A_log}, {"dt_bias", &in.dt_bias}}) {
     expect_shape(name, *view, 1, {hv, 0, 0, 0}, "[Hv]");

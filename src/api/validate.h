@@ -1,10 +1,12 @@
 // validate.h: the one place where the arguments of a forward call are checked.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "api/problem.h"
 #include "gdn/backward.h"
+#include "gdn/conv.h"
 #include "gdn/forward.h"
 #include "gdn/layer.h"
 #include "gdn/step.h"
@@ -101,5 +103,44 @@ class ValidatedStep {
 // Throws gdn::InvalidArgument before anything is written.
 void validate_step(const StepInputs& inputs, const StatePools& pools, const MutableTensorView& out,
                    const StepOptions& options, OutputPrecision precision, ValidatedStep* result);
+
+// The checks the validations share (validate.cc).
+// The sequences cu_seqlens (int64 [N + 1]) defines over `tokens` tokens, with their first
+// chunk indices for chunks of `chunk` tokens.
+void packed_sequences(const TensorView& cu, std::int64_t tokens, std::int64_t chunk,
+                      const char* tokens_of, std::vector<Sequence>* seqs);
+// Why a parameter, state or residual has the compute dtype, for error messages.
+std::string compute_dtype_why(DType activations);
+// options.threads in [0, 1024] and options.isa one of the enum's values.
+void check_threads_and_isa(int threads, CpuIsa isa);
+// A conv weight [D, K] or [D, 1, K] (K from 1 to kMaxConvTaps) and an optional bias [D], in
+// the compute dtype; returns K.
+std::int64_t check_conv_parameters(const char* weight_name, const char* bias_name,
+                                   const TensorView& weight, const TensorView& bias,
+                                   std::int64_t channels, DType compute_dtype,
+                                   const std::string& why);
+
+// A validated conv call (gdn/conv.h).
+class ValidatedConv {
+ public:
+  ValidatedConv() = default;
+  ValidatedConv(const ValidatedConv&) = delete;
+  ValidatedConv& operator=(const ValidatedConv&) = delete;
+
+  std::int64_t tokens = 0, channels = 0, taps = 0;
+  DType dtype = DType::f32;          // of x, out and their gradients
+  DType compute_dtype = DType::f32;  // weight, bias, states
+  std::vector<Sequence> sequences;
+};
+
+// Checks a conv call's inputs and options (validate_conv.cc); Throws gdn::InvalidArgument.
+void validate_conv_inputs(const ConvInputs& inputs, const ConvOptions& options,
+                          ValidatedConv* result);
+void validate_conv_forward(const ConvInputs& inputs, const ConvOutputs& outputs,
+                           const ConvOptions& options, OutputPrecision precision,
+                           ValidatedConv* result);
+void validate_conv_backward(const ConvBackwardInputs& inputs, const ConvBackwardOutputs& outputs,
+                            const ConvOptions& options, OutputPrecision precision,
+                            ValidatedConv* result);
 
 }  // namespace gdn::detail

@@ -1,6 +1,7 @@
-// conv1d-inl.h: the causal depthwise conv1d + SiLU of the fused layer op, forward and
-// backward, for one ISA variant. Must match gdn::ref::fused_gdn_fwd / _bwd
-// (tests/cpu/layer_test.cc); benchmark: `gdn bench --op conv`.
+// conv1d-inl.h: the causal depthwise conv1d + SiLU (or without it: ConvProblem::silu) of the
+// fused layer op and the conv op, forward and backward, for one ISA variant. Must match
+// gdn::ref::fused_gdn_fwd / _bwd (tests/cpu/layer_test.cc) and gdn::ref::causal_conv1d_fwd / _bwd
+// (tests/cpu/conv_test.cc); benchmark: `gdn bench --op conv`.
 //
 // A work item is a block of up to kConvTokens tokens of one sequence, all channels (the split
 // depends on the problem only, not on the threads). Whole rows are read in token order: rows
@@ -74,7 +75,8 @@ inline void conv_column(const detail::ConvProblem& p, const Real* const* rows, s
     for (int i = 0; i < K; ++i) y += wv[i] * a[i];
 #pragma GCC unroll 8
     for (int i = 0; i < K - 1; ++i) a[i] = a[i + 1];
-    const Vec<Real> o = y / (splat<Real>(1) + vexp<Real>(-y));  // y sigmoid(y)
+    // y sigmoid(y); the branch is the same for every token (hoisted by the compiler).
+    const Vec<Real> o = p.silu ? y / (splat<Real>(1) + vexp<Real>(-y)) : y;
     if constexpr (kStream) {
       stream(out + t * ld, o);
     } else {
@@ -207,8 +209,11 @@ inline void conv_backward_column(const detail::ConvProblem& p, const Real* const
       Vec<Real> y = b;
 #pragma GCC unroll 8
       for (int i = 0; i < K; ++i) y += wv[i] * a[i];
-      const Vec<Real> sig = vsigmoid<Real>(y);
-      dy = load(drows[r] + v) * sig * (splat<Real>(1) + y * (splat<Real>(1) - sig));
+      dy = load(drows[r] + v);
+      if (p.silu) {
+        const Vec<Real> sig = vsigmoid<Real>(y);
+        dy = dy * sig * (splat<Real>(1) + y * (splat<Real>(1) - sig));
+      }
       if (t < t1) {
 #pragma GCC unroll 8
         for (int i = 0; i < K; ++i) dw[i] += dy * a[i];

@@ -13,6 +13,7 @@
 #include "api/validate.h"
 #include "common/half_bits.h"
 #include "gdn/backward.h"
+#include "gdn/conv.h"
 #include "gdn/forward.h"
 #include "gdn/layer.h"
 
@@ -29,6 +30,9 @@ BackwardOutputs outputs_of(BackwardResult& result);
 LayerBackwardResult allocate_layer_grads(const LayerInputs& inputs, const ValidatedLayer& layer,
                                          const LayerOptions& options, DType dtype);
 LayerBackwardOutputs outputs_of(LayerBackwardResult& result);
+// The conv op's gradients (src/api/conv.cc): d_x in `dtype`, the rest in its compute dtype.
+ConvBackwardResult allocate_conv_grads(const ConvInputs& inputs, const ValidatedConv& conv,
+                                       DType dtype);
 }  // namespace detail
 
 namespace ref {
