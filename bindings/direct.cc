@@ -1,7 +1,7 @@
-// direct.cc: the core op called from Python on memory the caller owns (gdn.torch): each tensor
-// arrives as (address, sizes, strides in elements, dtype name), or None when absent, and becomes
-// a gdn view; the public C++ op validates everything and writes the outputs in place, with the
-// GIL released. No framework headers: the extension builds without torch.
+// direct.cc: the core op and the conv op called from Python on memory the caller owns (gdn.torch):
+// each tensor arrives as (address, sizes, strides in elements, dtype name), or None when absent,
+// and becomes a gdn view; the public C++ op validates everything and writes the outputs in place,
+// with the GIL released. No framework headers: the extension builds without torch.
 //
 // Residual outputs are sized by the caller for the most chunks a batch of this shape can have
 // (what a fake kernel can know without reading cu_seqlens): the op fills the first
@@ -192,6 +192,54 @@ void core_backward(const Raw& q, const Raw& k, const Raw& v, const Raw& g, const
   }
 }
 
+ConvOptions conv_options(bool silu, int threads) {
+  ConvOptions o;
+  o.activation = silu ? ConvActivation::silu : ConvActivation::none;
+  o.threads = threads;
+  return o;
+}
+
+// The conv op (gdn/conv.h) forward, or (reference) its float64 reference.
+void conv_forward(const Raw& x, const Raw& weight, const Raw& bias, const Raw& initial_state,
+                  const Raw& cu_seqlens, const Raw& out, const Raw& final_state, bool silu,
+                  int threads, bool reference) {
+  std::vector<std::int64_t> cu;
+  const ConvInputs in{raw_view(x, "x"), raw_view(weight, "weight"), raw_view(bias, "bias"),
+                      raw_view(initial_state, "initial_state"),
+                      index_view(cu_seqlens, cu, "cu_seqlens")};
+  const ConvOutputs outs{output_view(out, "out"), output_view(final_state, "final_state")};
+  const ConvOptions options = conv_options(silu, threads);
+  nb::gil_scoped_release released;
+  if (reference) {
+    ref::causal_conv1d_fwd(in, outs, options);
+  } else {
+    causal_conv1d_fwd(in, outs, options);
+  }
+}
+
+// The conv op's backward, or (reference) its float64 reference.
+void conv_backward(const Raw& x, const Raw& weight, const Raw& bias, const Raw& initial_state,
+                   const Raw& cu_seqlens, const Raw& d_out, const Raw& d_final_state,
+                   const Raw& d_x, const Raw& d_weight, const Raw& d_bias,
+                   const Raw& d_initial_state, bool silu, int threads, bool reference) {
+  std::vector<std::int64_t> cu;
+  const ConvBackwardInputs in{
+      {raw_view(x, "x"), raw_view(weight, "weight"), raw_view(bias, "bias"),
+       raw_view(initial_state, "initial_state"), index_view(cu_seqlens, cu, "cu_seqlens")},
+      raw_view(d_out, "d_out"),
+      raw_view(d_final_state, "d_final_state")};
+  const ConvBackwardOutputs outs{output_view(d_x, "d_x"), output_view(d_weight, "d_weight"),
+                                 output_view(d_bias, "d_bias"),
+                                 output_view(d_initial_state, "d_initial_state")};
+  const ConvOptions options = conv_options(silu, threads);
+  nb::gil_scoped_release released;
+  if (reference) {
+    ref::causal_conv1d_bwd(in, outs, options);
+  } else {
+    causal_conv1d_bwd(in, outs, options);
+  }
+}
+
 }  // namespace
 
 void define_direct_calls(nb::module_& m) {
@@ -201,6 +249,12 @@ void define_direct_calls(nb::module_& m) {
   m.def("core_backward", &core_backward,
         "The core backward on caller-owned memory (absent residuals are rebuilt); "
         "reference=True runs gdn::ref's float64 reverse mode.");
+  m.def("conv_forward", &conv_forward,
+        "The conv op (causal depthwise conv1d, SiLU when silu=True) on caller-owned memory; "
+        "reference=True runs its float64 reference.");
+  m.def("conv_backward", &conv_backward,
+        "The conv op's backward on caller-owned memory; reference=True runs its float64 "
+        "reference.");
 }
 
 }  // namespace gdn::bindings

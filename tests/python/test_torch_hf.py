@@ -80,18 +80,27 @@ def test_greedy_generation_with_the_cache_gives_the_same_tokens():
 def test_the_patch_is_used_and_unpatch_restores():
     model = _qwen3_next()
     mod = __import__(type(model.model.layers[0].linear_attn).__module__, fromlist=["x"])
-    before = mod.torch_chunk_gated_delta_rule
-    calls = []
-    original = gdn.torch._patch._chunk
+    names = ("causal_conv1d_fn", "torch_chunk_gated_delta_rule", "causal_conv1d_update",
+             "torch_recurrent_gated_delta_rule")
+    before = {n: getattr(mod, n) for n in names}
+    calls = dict.fromkeys(names, 0)
 
     gdn.torch.patch(model)
-    assert mod.torch_chunk_gated_delta_rule is original
-    mod.torch_chunk_gated_delta_rule = lambda *a, **k: calls.append(1) or original(*a, **k)
-    with torch.no_grad():
-        model(_tokens(10))
-    assert len(calls) == 3  # one per GatedDeltaNet layer
+    for n in names:
+        ours = getattr(mod, n)
+        assert ours is gdn.torch._patch._REPLACEMENTS[n]
+
+        def counted(*a, _n=n, _f=ours, **k):
+            calls[_n] += 1
+            return _f(*a, **k)
+        setattr(mod, n, counted)
+    with torch.no_grad():  # a prefill and two cached one-token decode steps
+        model.generate(_tokens(10), max_new_tokens=3, do_sample=False, pad_token_id=0)
+    # three GatedDeltaNet layers
+    assert calls == {"causal_conv1d_fn": 3, "torch_chunk_gated_delta_rule": 3,
+                     "causal_conv1d_update": 6, "torch_recurrent_gated_delta_rule": 6}
     gdn.torch.unpatch()
-    assert mod.torch_chunk_gated_delta_rule is before
+    assert all(getattr(mod, n) is f for n, f in before.items())
     with pytest.raises(ValueError, match="argument 'model'"):
         gdn.torch.patch(torch.nn.Linear(2, 2))
 

@@ -47,3 +47,16 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         states.append(ht)
     o = torch.stack(outs) if cu_seqlens is None else torch.cat(outs, dim=0)[None]
     return o, torch.stack(states)
+
+
+def causal_conv1d(x, weight, bias=None, initial_state=None, activation="silu"):
+    """The causal depthwise conv1d from its definition, by torch.nn.functional.conv1d over the
+    inputs with the K - 1 before them (initial_state [B, D, K - 1], or zeros) prepended:
+    x [B, D, T], weight [D, K] -> (out [B, D, T], final state [B, D, K - 1])."""
+    k = weight.shape[-1]
+    before = (initial_state if initial_state is not None
+              else x.new_zeros(x.shape[0], x.shape[1], k - 1))
+    full = torch.cat([before, x], dim=-1)
+    y = torch.nn.functional.conv1d(full, weight.unsqueeze(1), bias, groups=x.shape[1])
+    out = torch.nn.functional.silu(y) if activation is not None else y
+    return out, full[..., full.shape[-1] - (k - 1):]

@@ -3,17 +3,20 @@
 - ``chunk_gated_delta_rule``: fla's chunked gated delta rule, differentiable, with a choice of
   what the forward keeps for the backward (``residuals="all" | "t_inv" | "none"``);
 - ``fused_recurrent_gated_delta_rule``: fla's token recurrence (the decode path);
+- ``causal_conv1d_fn``, ``causal_conv1d_update``: the causal-conv1d package's conv (prefill /
+  training, and a decode step on a conv state updated in place);
 - ``reference``: the library's float64 reference of both passes, for checking;
 - ``patch(model)``: a transformers Qwen3-Next / Qwen3.5 model's GatedDeltaNet layers on gdn.
 
-The ops are registered as ``torch.ops.gdn.chunk_fwd`` and ``torch.ops.gdn.chunk_bwd``, with fake
+The ops are registered as ``torch.ops.gdn.chunk_fwd``, ``chunk_bwd``, ``conv_fwd`` and ``conv_bwd``, with fake
 kernels (``torch.compile(fullgraph=True)`` traces through them) and an autograd formula that
 calls the C++ backward with the residuals the forward saved. docs/torch.md explains them.
 """
 
 from gdn.torch import reference
+from gdn.torch._conv import causal_conv1d_fn, causal_conv1d_update
 from gdn.torch._core import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from gdn.torch._patch import is_patched, patch, unpatch
 
-__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "reference", "patch",
-           "unpatch", "is_patched"]
+__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "causal_conv1d_fn",
+           "causal_conv1d_update", "reference", "patch", "unpatch", "is_patched"]

@@ -1,14 +1,15 @@
 """``gdn.torch.patch(model)``: Hugging Face transformers' Qwen3-Next / Qwen3.5 GatedDeltaNet
 layers on gdn's kernels.
 
-transformers' GatedDeltaNet layers call two module-level functions of their modeling module,
-``torch_chunk_gated_delta_rule`` (prefill, training) and ``torch_recurrent_gated_delta_rule``
-(one-token decode with a cache). Which implementation those names hold is chosen when the
-module is imported: fla's Triton kernels if ``fla`` imports (they fail on a CPU), else
-transformers' own PyTorch loops. The patch rebinds both names in the module of every
-GatedDeltaNet class found in the model to gdn's ops, whatever was there, and ``unpatch``
-puts back what it found. The layers' projections, conv, gated norm and cache handling stay
-transformers' own.
+transformers' GatedDeltaNet layers call four module-level functions of their modeling module:
+``causal_conv1d_fn`` (the conv of a prefill or a training step), ``causal_conv1d_update`` (the
+conv of a one-token decode, on the cache's conv state), ``torch_chunk_gated_delta_rule``
+(prefill, training) and ``torch_recurrent_gated_delta_rule`` (one-token decode). Which
+implementation those names hold is chosen when the module is imported: fla's Triton kernels or
+the causal-conv1d package if they import (they fail on a CPU), else transformers' own PyTorch
+code. The patch rebinds the four names in the module of every GatedDeltaNet class found in the
+model to gdn's ops, whatever was there, and ``unpatch`` puts back what it found. The layers'
+projections, gated norm and cache handling stay transformers' own.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from typing import Optional
 
 from torch import Tensor, nn
 
+from gdn.torch._conv import causal_conv1d_fn, causal_conv1d_update
 from gdn.torch._core import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
-_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+          "causal_conv1d_update")
 _saved: dict[str, dict[str, object]] = {}  # module name -> the functions the patch replaced
 
 
@@ -48,6 +51,26 @@ def _recurrent(query: Tensor, key: Tensor, value: Tensor, g: Tensor, beta: Tenso
                                             cu_seqlens=cu_seqlens)
 
 
+def _conv_fn(hidden_states: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+             activation: Optional[str] = None, **_model_kwargs):
+    """transformers' ``causal_conv1d_fn`` signature on gdn: x [B, D, T]. As transformers' own
+    fallback, each row is one sequence (packed-sequence kwargs are not the conv's)."""
+    return causal_conv1d_fn(hidden_states, weight, bias, activation=activation)
+
+
+def _conv_update(hidden_states: Tensor, conv_state: Tensor, weight: Tensor,
+                 bias: Optional[Tensor] = None, activation: Optional[str] = None):
+    """transformers' ``causal_conv1d_update`` signature on gdn: the cache's conv state [B, D, K]
+    updated in place."""
+    return causal_conv1d_update(hidden_states, conv_state, weight, bias, activation)
+
+
+_REPLACEMENTS = {"torch_chunk_gated_delta_rule": _chunk,
+                 "torch_recurrent_gated_delta_rule": _recurrent,
+                 "causal_conv1d_fn": _conv_fn,
+                 "causal_conv1d_update": _conv_update}
+
+
 def _gdn_modules(model: nn.Module):
     """The modeling modules of the model's GatedDeltaNet layers."""
     names = []
@@ -62,9 +85,10 @@ def _gdn_modules(model: nn.Module):
 
 def patch(model: nn.Module) -> nn.Module:
     """Runs every GatedDeltaNet layer of a transformers Qwen3-Next (or Qwen3.5) model on gdn's
-    kernels: prefill and training through ``gdn.torch.chunk_gated_delta_rule``, cached
-    one-token decode through ``gdn.torch.fused_recurrent_gated_delta_rule``. Works whether or
-    not fla is installed. Returns the model.
+    kernels: prefill and training through ``gdn.torch.causal_conv1d_fn`` and
+    ``gdn.torch.chunk_gated_delta_rule``, cached one-token decode through
+    ``gdn.torch.causal_conv1d_update`` and ``gdn.torch.fused_recurrent_gated_delta_rule``.
+    Works whether or not fla or causal-conv1d is installed. Returns the model.
 
     The functions are rebound in the layers' modeling module, so every model of that class in
     the process runs on gdn until ``gdn.torch.unpatch()``. Raises ValueError when the model has
@@ -84,8 +108,8 @@ def patch(model: nn.Module) -> nn.Module:
         module = sys.modules[name]
         if name not in _saved:
             _saved[name] = {n: getattr(module, n) for n in _NAMES}
-        module.torch_chunk_gated_delta_rule = _chunk
-        module.torch_recurrent_gated_delta_rule = _recurrent
+        for n, f in _REPLACEMENTS.items():
+            setattr(module, n, f)
     return model
 
 
@@ -101,4 +125,4 @@ def is_patched(model: nn.Module) -> bool:
     """Whether the model's GatedDeltaNet layers run on gdn."""
     modules = _gdn_modules(model)
     return bool(modules) and all(
-        sys.modules[m].torch_chunk_gated_delta_rule is _chunk for m in modules)
+        getattr(sys.modules[m], n) is f for m in modules for n, f in _REPLACEMENTS.items())

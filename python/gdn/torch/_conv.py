@@ -1,0 +1,331 @@
+"""The causal depthwise conv1d of a GatedDeltaNet layer on gdn's C++ kernels (``gdn/conv.h``):
+the custom ops ``gdn::conv_fwd`` / ``gdn::conv_bwd`` with their fake kernels and autograd
+formula, and the causal-conv1d package's ``causal_conv1d_fn`` and ``causal_conv1d_update``
+over them, in that package's [B, D, T] layout (what transformers' Qwen3-Next layer calls).
+
+The ops take the library's packed layout: x [T, D] (any strides), weight [D, K], bias [D],
+initial_state [N, K - 1, D], cu_seqlens [N + 1]; the functions turn the package's layout into
+it with views (a copy only where a [B, D, T] batch cannot be seen as [B * T, D]).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from gdn import _gdn
+from gdn._options import static_int
+from gdn.torch._ops import compute_dtype, raw
+
+ACTIVATIONS = (None, "silu", "swish")
+
+
+def _forward_outputs(x, weight, initial_state, cu_seqlens, want_final_state, factory):
+    n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 1
+    k = weight.shape[-1]
+    out = factory(x.shape, dtype=x.dtype)
+    final = factory((n, k - 1, x.shape[1]) if want_final_state else (0,),
+                    dtype=compute_dtype(x.dtype))
+    return out, final
+
+
+@torch.library.custom_op("gdn::conv_fwd", mutates_args=(), device_types="cpu")
+def conv_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], initial_state: Optional[Tensor],
+             cu_seqlens: Optional[Tensor], silu: bool, threads: int,
+             want_final_state: bool) -> tuple[Tensor, Tensor]:
+    """(out [T, D] in x's dtype, final_state [N, K - 1, D] in the compute dtype, or an empty
+    [0] tensor when not asked for)."""
+    out, final = _forward_outputs(x, weight, initial_state, cu_seqlens, want_final_state,
+                                  torch.empty)
+    _gdn.conv_forward(raw(x), raw(weight), raw(bias), raw(initial_state), raw(cu_seqlens),
+                      raw(out), raw(final) if want_final_state else None, silu, threads, False)
+    return out, final
+
+
+@conv_fwd.register_fake
+def _(x, weight, bias, initial_state, cu_seqlens, silu, threads, want_final_state):
+    return _forward_outputs(x, weight, initial_state, cu_seqlens, want_final_state, x.new_empty)
+
+
+def _backward_outputs(x, weight, bias, initial_state, factory):
+    cdt = compute_dtype(x.dtype)
+    return (factory(x.shape, dtype=x.dtype), factory(weight.shape, dtype=cdt),
+            factory(bias.shape if bias is not None else (0,), dtype=cdt),
+            factory(initial_state.shape if initial_state is not None else (0,), dtype=cdt))
+
+
+@torch.library.custom_op("gdn::conv_bwd", mutates_args=(), device_types="cpu")
+def conv_bwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], initial_state: Optional[Tensor],
+             cu_seqlens: Optional[Tensor], d_out: Tensor, d_final_state: Optional[Tensor],
+             silu: bool, threads: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d_x, d_weight, d_bias, d_initial_state); the last two empty ([0]) without a bias or an
+    initial state."""
+    dx, dw, db, ds = _backward_outputs(x, weight, bias, initial_state, torch.empty)
+    _gdn.conv_backward(raw(x), raw(weight), raw(bias), raw(initial_state), raw(cu_seqlens),
+                       raw(d_out), raw(d_final_state), raw(dx), raw(dw),
+                       raw(db) if bias is not None else None,
+                       raw(ds) if initial_state is not None else None, silu, threads, False)
+    return dx, dw, db, ds
+
+
+@conv_bwd.register_fake
+def _(x, weight, bias, initial_state, cu_seqlens, d_out, d_final_state, silu, threads):
+    return _backward_outputs(x, weight, bias, initial_state, x.new_empty)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, initial_state, cu, silu, threads, want_final_state = inputs
+    ctx.save_for_backward(x, weight, bias, initial_state, cu)
+    ctx.options = (silu, threads, want_final_state)
+
+
+def _backward(ctx, d_out, d_final):
+    x, weight, bias, initial_state, cu = ctx.saved_tensors
+    silu, threads, want_final_state = ctx.options
+    dx, dw, db, ds = conv_bwd(x, weight, bias, initial_state, cu, d_out,
+                              d_final if want_final_state else None, silu, threads)
+    return (dx, dw, db if bias is not None else None, ds if initial_state is not None else None,
+            None, None, None, None)
+
+
+torch.library.register_autograd("gdn::conv_fwd", _backward, setup_context=_setup_context)
+
+
+def reference_forward(x, weight, bias, initial_state, cu_seqlens, silu):
+    """The conv op's float64 reference (gdn::ref::causal_conv1d_fwd), outputs float64."""
+    out, final = _forward_outputs(x, weight, initial_state, cu_seqlens, True, torch.empty)
+    out, final = out.to(torch.float64), final.to(torch.float64)
+    _gdn.conv_forward(raw(x), raw(weight), raw(bias), raw(initial_state), raw(cu_seqlens),
+                      raw(out), raw(final), silu, 0, True)
+    return out, final
+
+
+def reference_backward(x, weight, bias, initial_state, cu_seqlens, d_out, d_final_state, silu):
+    """The conv op's float64 reference backward, outputs float64."""
+    outs = [t.to(torch.float64) for t in _backward_outputs(x, weight, bias, initial_state,
+                                                           torch.empty)]
+    _gdn.conv_backward(raw(x), raw(weight), raw(bias), raw(initial_state), raw(cu_seqlens),
+                       raw(d_out), raw(d_final_state), *(raw(t) for t in outs[:2]),
+                       raw(outs[2]) if bias is not None else None,
+                       raw(outs[3]) if initial_state is not None else None, silu, 0, True)
+    return tuple(outs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The causal-conv1d package's functions.
+# ---------------------------------------------------------------------------------------------
+
+def _silu(activation) -> bool:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"gdn: argument 'activation': expected None, 'silu' or 'swish', given "
+                         f"{activation!r}")
+    return activation is not None
+
+
+def _check_cpu(**tensors):
+    for name, t in tensors.items():
+        if isinstance(t, Tensor) and t.device.type not in ("cpu", "meta"):
+            raise ValueError(f"gdn: argument '{name}': expected a tensor on the CPU (gdn's "
+                             f"kernels run there), given one on {t.device}")
+
+
+def _weight_2d(weight: Tensor) -> Tensor:
+    if weight.dim() == 3 and weight.shape[1] == 1:  # nn.Conv1d's [D, 1, K]
+        return weight.squeeze(1)
+    if weight.dim() != 2:
+        raise ValueError(f"gdn: argument 'weight': expected [D, K] (or [D, 1, K]), given "
+                         f"{list(weight.shape)}")
+    return weight
+
+
+def _check_x(x: Tensor, weight: Tensor, name: str, ranks: tuple) -> None:
+    if x.dim() not in ranks:
+        want = " or ".join({2: "[B, D]", 3: "[B, D, T]"}[r] for r in ranks)
+        raise ValueError(f"gdn: argument '{name}': expected {want}, given {list(x.shape)}")
+    if x.shape[1] != weight.shape[0]:
+        raise ValueError(f"gdn: argument '{name}': expected D = {weight.shape[0]} channels "
+                         f"(weight is {list(weight.shape)}), given {list(x.shape)}")
+
+
+def _cu_from_seq_idx(seq_idx: Tensor, batch: int, tokens: int) -> Tensor:
+    """The sequence boundaries of a [B, T] seq_idx over the flattened B * T tokens: a new
+    sequence at each row start and wherever the index changes."""
+    if seq_idx.shape != (batch, tokens) or seq_idx.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"gdn: argument 'seq_idx': expected int32 [B, T] = [{batch}, {tokens}], "
+                         f"given {seq_idx.dtype} {list(seq_idx.shape)}")
+    change = torch.ones(batch, tokens, dtype=torch.bool)
+    change[:, 1:] = seq_idx[:, 1:] != seq_idx[:, :-1]
+    starts = change.reshape(-1).nonzero().reshape(-1)
+    return torch.cat([starts, starts.new_tensor([batch * tokens])])
+
+
+def causal_conv1d_fn(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    seq_idx: Optional[Tensor] = None,
+    initial_states: Optional[Tensor] = None,
+    return_final_states: bool = False,
+    final_states_out: Optional[Tensor] = None,
+    activation: Optional[str] = None,
+    *,
+    cu_seqlens: Optional[Tensor] = None,
+    threads: int = 0,
+):
+    """The causal depthwise conv1d (the causal-conv1d package's ``causal_conv1d_fn``) on gdn's
+    C++ CPU kernels::
+
+        y[b, c, t] = bias[c] + sum_i weight[c, i] * x[b, c, t - K + 1 + i]
+        out        = silu(y) (activation "silu" / "swish") or y (None)
+
+    inputs before a sequence's first token coming from ``initial_states`` (or zeros).
+
+    Args:
+      x: [B, D, T], float32, bfloat16, float16 or float64, any strides (transformers passes a
+        channel-last [B, T, D] tensor transposed; that layout is read in place).
+      weight: [D, K] (or nn.Conv1d's [D, 1, K]), K from 1 to 8; bias: [D] or None. Cast to
+        float32 (float64 for float64 x) by a differentiable cast.
+      seq_idx: int32 [B, T], optional: the sequence of each token; tokens of different
+        sequences do not mix (a new sequence starts where the index changes).
+      initial_states: [B, D, K - 1], optional: the K - 1 inputs before each row (not with
+        seq_idx).
+      return_final_states: also return the [B, D, K - 1] last K - 1 inputs of each row, in x's
+        dtype (into ``final_states_out`` when given).
+      activation: None, "silu" or "swish".
+      cu_seqlens: (gdn) int32 / int64 [N + 1] boundaries of a packed batch, B = 1; then
+        initial_states and the final states are [N, D, K - 1], one per sequence.
+      threads: CPU threads, 0 = all. Results do not depend on it.
+
+    Returns:
+      out [B, D, T] in x's dtype (a channel-last layout: out.transpose(1, 2) is contiguous), or
+      (out, final_states) with return_final_states.
+
+    Differentiable in x, weight, bias and initial_states; torch.compile(fullgraph=True) traces
+    through it (seq_idx needs eager mode: its boundaries are read from the data).
+
+    Example::
+
+        out = gdn.torch.causal_conv1d_fn(x, weight, bias, activation="silu")
+    """
+    _check_cpu(x=x, weight=weight, bias=bias, seq_idx=seq_idx, initial_states=initial_states,
+               cu_seqlens=cu_seqlens)
+    silu = _silu(activation)
+    threads = static_int(threads, "threads")
+    weight = _weight_2d(weight)
+    _check_x(x, weight, "x", (3,))
+    batch, channels, tokens = x.shape
+    cdt = compute_dtype(x.dtype)
+    if seq_idx is not None and (cu_seqlens is not None or initial_states is not None):
+        raise ValueError("gdn: argument 'seq_idx': expected None with cu_seqlens or "
+                         "initial_states (each names the sequences), given a tensor")
+    if cu_seqlens is not None:
+        if batch != 1:
+            raise ValueError(f"gdn: argument 'x': expected [1, D, T] with cu_seqlens (a packed "
+                             f"batch), given {list(x.shape)}")
+        cu = cu_seqlens
+    elif seq_idx is not None:
+        cu = _cu_from_seq_idx(seq_idx, batch, tokens)
+    elif batch > 1:
+        cu = torch.arange(0, (batch + 1) * tokens, tokens, dtype=torch.int64)
+    else:
+        cu = None
+    state = None
+    if initial_states is not None:
+        state = initial_states.to(cdt).transpose(1, 2)  # [N, K - 1, D], a view
+    rows = x.transpose(1, 2).reshape(batch * tokens, channels)  # a view where strides allow
+    w = weight.to(cdt)
+    b = bias.to(cdt) if bias is not None else None
+    want_final = bool(return_final_states)
+    out, final = conv_fwd(rows, w, b, state, cu, silu, threads, want_final)
+    out = out.view(batch, tokens, channels).transpose(1, 2)
+    if not want_final:
+        return out
+    final = final.transpose(1, 2).to(x.dtype)  # [N, D, K - 1]
+    if final_states_out is not None:
+        final_states_out.copy_(final)
+        final = final_states_out
+    return out, final
+
+
+def causal_conv1d_update(
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    activation: Optional[str] = None,
+    cache_seqlens: Optional[Tensor] = None,
+    conv_state_indices: Optional[Tensor] = None,
+    *,
+    threads: int = 0,
+) -> Tensor:
+    """A decode step of the causal conv1d (the causal-conv1d package's
+    ``causal_conv1d_update``): the new tokens x continue the sequences whose last inputs are in
+    ``conv_state``, which is updated in place.
+
+    Args:
+      x: [B, D] (one token per row) or [B, D, L] (L new tokens).
+      conv_state: [B_pool, D, S] with S >= K - 1, any float dtype: row b's last S raw inputs,
+        oldest first (transformers keeps S = K). After the call it holds the last S inputs
+        including the new tokens.
+      weight: [D, K] (or [D, 1, K]); bias: [D] or None; activation: None, "silu" or "swish".
+      conv_state_indices: int32 / int64 [B], optional: the row of conv_state each batch row
+        continues (default: row b); every index in [0, B_pool).
+      cache_seqlens: circular state buffers are not supported (must be None).
+      threads: CPU threads, 0 = all.
+
+    Returns:
+      out, shaped like x, in x's dtype.
+
+    Example::
+
+        y = gdn.torch.causal_conv1d_update(x_t, conv_state, weight, bias, activation="silu")
+    """
+    _check_cpu(x=x, conv_state=conv_state, weight=weight, bias=bias,
+               conv_state_indices=conv_state_indices)
+    if cache_seqlens is not None:
+        raise ValueError("gdn: argument 'cache_seqlens': expected None (circular conv-state "
+                         "buffers are not supported), given a tensor")
+    silu = _silu(activation)
+    threads = static_int(threads, "threads")
+    weight = _weight_2d(weight)
+    _check_x(x, weight, "x", (2, 3))
+    one_token = x.dim() == 2
+    if one_token:
+        x = x.unsqueeze(-1)
+    batch, channels, tokens = x.shape
+    k = weight.shape[-1]
+    if (conv_state.dim() != 3 or conv_state.shape[1] != channels
+            or conv_state.shape[2] < k - 1):
+        raise ValueError(f"gdn: argument 'conv_state': expected [B_pool, D, S] with D = "
+                         f"{channels} and S >= K - 1 = {k - 1}, given {list(conv_state.shape)}")
+    if conv_state_indices is None:
+        if conv_state.shape[0] != batch:
+            raise ValueError(f"gdn: argument 'conv_state': expected {batch} rows (one per row "
+                             f"of x) without conv_state_indices, given {list(conv_state.shape)}")
+        rows = conv_state
+    else:
+        idx = conv_state_indices
+        if idx.dim() != 1 or idx.shape[0] != batch or idx.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"gdn: argument 'conv_state_indices': expected int32 [B] = "
+                             f"[{batch}], given {idx.dtype} {list(idx.shape)}")
+        if not torch.compiler.is_compiling() and batch > 0 and (
+                int(idx.min()) < 0 or int(idx.max()) >= conv_state.shape[0]):
+            raise ValueError(f"gdn: argument 'conv_state_indices': expected values in [0, "
+                             f"{conv_state.shape[0]}), given {idx.tolist()}")
+        rows = conv_state[idx.long()]
+    size = conv_state.shape[2]
+    cdt = compute_dtype(x.dtype)
+    state = rows[:, :, size - (k - 1):].transpose(1, 2).to(cdt) if k > 1 else None
+    cu = torch.arange(0, (batch + 1) * tokens, tokens, dtype=torch.int64)
+    flat = x.transpose(1, 2).reshape(batch * tokens, channels)
+    out, _ = conv_fwd(flat, weight.to(cdt), bias.to(cdt) if bias is not None else None, state,
+                      cu, silu, threads, False)
+    new_rows = torch.cat([rows, x.to(conv_state.dtype)], dim=-1)[:, :, -size:]
+    if conv_state_indices is None:
+        conv_state.copy_(new_rows)
+    else:
+        conv_state[conv_state_indices.long()] = new_rows
+    out = out.view(batch, tokens, channels).transpose(1, 2)
+    return out.squeeze(-1) if one_token else out
