@@ -5,9 +5,10 @@ small Qwen3-Next model's prefill, in one run, and prints the ratios.
 The layer is Qwen3-Next-80B-A3B's (hidden 2048, Hk 16, Hv 32, Dk = Dv = 128, conv K 4) with
 random weights; its input is [1, T, 2048] float32. The "core" rows time the function the patch
 swaps alone, on the layer's shapes: transformers' torch_chunk_gated_delta_rule against
-gdn.torch.chunk_gated_delta_rule (L2 norm in the kernel, as the layer calls it). The layer rows
-include what the patch leaves to transformers (the projections, its conv and gated norm), the
-same in both. Patched and unpatched alternate within each
+gdn.torch.chunk_gated_delta_rule (L2 norm in the kernel, as the layer calls it); the "conv" rows
+transformers' causal_conv1d_fn against gdn.torch.causal_conv1d_fn on the layer's [1, 8192, T]
+channel-last input, SiLU. The layer rows include what the patch leaves to transformers (the
+projections and the gated norm), the same in both. Patched and unpatched alternate within each
 repeat, so that the shared host's drift falls on both; medians are printed. Before timing, the
 patched forward is checked against the unpatched one (relative error).
 
@@ -112,6 +113,23 @@ def main(argv=None):
             o.backward(d_o)
         return run
 
+    channels = 2 * hk * dk + hv * dv
+    mixed = torch.randn(1, t, channels).transpose(1, 2)  # the layer's [B, D, T] view
+    conv_w = torch.randn(channels, 4) * 0.5
+    conv_b = torch.randn(channels) * 0.1
+    d_mixed = torch.randn(1, channels, t)
+
+    def conv(fwd_only):
+        def run():
+            fn = modeling.causal_conv1d_fn
+            if fwd_only:
+                with torch.no_grad():
+                    fn(mixed, conv_w, conv_b, activation="silu")
+                return
+            xs = [x.clone().requires_grad_(True) for x in (mixed, conv_w, conv_b)]
+            fn(*xs, activation="silu").backward(d_mixed)
+        return run
+
     def prefill():
         with torch.no_grad():
             return model(ids, use_cache=True).logits
@@ -129,6 +147,7 @@ def main(argv=None):
 
     rows = []
     for name, fn, tokens in (("core fwd", core(True), t), ("core fwd+bwd", core(False), t),
+                             ("conv fwd", conv(True), t), ("conv fwd+bwd", conv(False), t),
                              ("layer fwd", layer_fwd, t), ("layer fwd+bwd", layer_fwd_bwd, t),
                              ("model prefill", prefill, ids.shape[1])):
         times = {"transformers": [], "gdn": []}

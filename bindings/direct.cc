@@ -1,7 +1,8 @@
-// direct.cc: the core op and the conv op called from Python on memory the caller owns (gdn.torch):
-// each tensor arrives as (address, sizes, strides in elements, dtype name), or None when absent,
-// and becomes a gdn view; the public C++ op validates everything and writes the outputs in place,
-// with the GIL released. No framework headers: the extension builds without torch.
+// direct.cc: the core op, the conv op and the serving step called from Python on memory the caller
+// owns (gdn.torch): each tensor arrives as (address, sizes, strides in elements, dtype name), or
+// None when absent, and becomes a gdn view; the public C++ op validates everything and writes the
+// outputs in place, with the GIL released. No framework headers: the extension builds without
+// torch.
 //
 // Residual outputs are sized by the caller for the most chunks a batch of this shape can have
 // (what a fake kernel can know without reading cu_seqlens): the op fills the first
@@ -55,7 +56,7 @@ MutableTensorView raw_view(const Raw& raw, const char* argument) {
                            static_cast<int>(sizes.size()), s, st);
 }
 
-// cu_seqlens as int64: an int32 array is widened into `storage`.
+// An index array (cu_seqlens, slots, lengths) as int64: an int32 array is widened into `storage`.
 TensorView index_view(const Raw& raw, std::vector<std::int64_t>& storage, const char* argument) {
   const TensorView v = raw_view(raw, argument);
   if (!v.present() || v.dtype != DType::i32 || v.rank != 1) return v;  // the op names these
@@ -240,6 +241,47 @@ void conv_backward(const Raw& x, const Raw& weight, const Raw& bias, const Raw& 
   }
 }
 
+// The serving step (gdn/step.h) over caller-owned pools, updated in place; int32 index arrays
+// are widened. reference=True runs gdn::ref::fused_gdn_step (float64 everything).
+void step(const Raw& qkv, const Raw& a, const Raw& b, const Raw& conv_weight, const Raw& conv_bias,
+          const Raw& A_log, const Raw& dt_bias, const Raw& conv_state, const Raw& recurrent_state,
+          const Raw& query_start_loc, const Raw& state_indices, const Raw& seq_lens,
+          const Raw& distribution, const Raw& read_state_indices, const Raw& read_offsets,
+          const Raw& out, std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv,
+          std::int64_t num_spec, int threads, bool reference) {
+  std::vector<std::int64_t> qsl, slots, lens, dist, read_slots, offsets;
+  StepInputs in;
+  in.qkv = raw_view(qkv, "qkv");
+  in.a = raw_view(a, "a");
+  in.b = raw_view(b, "b");
+  in.conv_weight = raw_view(conv_weight, "conv_weight");
+  in.conv_bias = raw_view(conv_bias, "conv_bias");
+  in.A_log = raw_view(A_log, "A_log");
+  in.dt_bias = raw_view(dt_bias, "dt_bias");
+  in.query_start_loc = index_view(query_start_loc, qsl, "query_start_loc");
+  in.state_indices = index_view(state_indices, slots, "state_indices");
+  in.seq_lens = index_view(seq_lens, lens, "seq_lens");
+  in.distribution = index_view(distribution, dist, "distribution");
+  in.read_state_indices = index_view(read_state_indices, read_slots, "read_state_indices");
+  in.read_offsets = index_view(read_offsets, offsets, "read_offsets");
+  StepOptions options;
+  options.hk = hk;
+  options.hv = hv;
+  options.dk = dk;
+  options.dv = dv;
+  options.threads = threads;
+  options.num_spec = num_spec;
+  const StatePools pools{raw_view(conv_state, "conv_state"),
+                         raw_view(recurrent_state, "recurrent_state")};
+  const MutableTensorView o = output_view(out, "out");
+  nb::gil_scoped_release released;
+  if (reference) {
+    ref::fused_gdn_step(in, pools, o, options);
+  } else {
+    fused_gdn_step(in, pools, o, options);
+  }
+}
+
 }  // namespace
 
 void define_direct_calls(nb::module_& m) {
@@ -255,6 +297,9 @@ void define_direct_calls(nb::module_& m) {
   m.def("conv_backward", &conv_backward,
         "The conv op's backward on caller-owned memory; reference=True runs its float64 "
         "reference.");
+  m.def("step", &step,
+        "The serving step over caller-owned state pools, updated in place (gdn/step.h); "
+        "reference=True runs its float64 reference.");
 }
 
 }  // namespace gdn::bindings

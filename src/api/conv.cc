@@ -4,6 +4,8 @@
 // used in place, any other layout or a 16-bit dtype goes through one T x D buffer.
 #include "gdn/conv.h"
 
+#include <algorithm>
+
 #include "api/conv_parts.h"
 #include "api/validate.h"
 #include "cpu/float_env.h"
@@ -17,6 +19,54 @@ bool contiguous_rows(const TensorView& v, DType dtype) {
   return v.dtype == dtype && v.strides[1] == 1 && (v.sizes[0] <= 1 || v.strides[0] == v.sizes[1]);
 }
 
+// A [T, D] view to contiguous rows of Real, and back, in square tiles, so that a transposed
+// layout (the causal-conv1d package's [D, T], token stride 1) is read a cache line at a time:
+// a backward whose d_out has that layout took 1168 ms element by element and 455 ms tiled at
+// 8k tokens x 8192 channels (contiguous d_out: 115 ms; torch's own transposed copy of d_out:
+// 200-560 ms, same host, 2026-12-03).
+constexpr std::int64_t kTile = 16;
+template <class Tile>
+void for_each_tile(std::int64_t t_count, std::int64_t d, const Tile& tile) {
+  for (std::int64_t t0 = 0; t0 < t_count; t0 += kTile) {
+    for (std::int64_t c0 = 0; c0 < d; c0 += kTile)
+      tile(t0, std::min(t0 + kTile, t_count), c0, std::min(c0 + kTile, d));
+  }
+}
+template <class Real>
+void to_rows(const TensorView& v, Real* rows) {
+  const std::int64_t d = v.sizes[1], st = v.strides[0], sc = v.strides[1];
+  const bool same = v.dtype == (sizeof(Real) == 8 ? DType::f64 : DType::f32);
+  for_each_tile(v.sizes[0], d,
+                [&](std::int64_t t0, std::int64_t t1, std::int64_t c0, std::int64_t c1) {
+                  for (std::int64_t c = c0; c < c1; ++c) {
+                    if (same) {  // no per-element dtype dispatch
+                      const Real* src = static_cast<const Real*>(v.data) + c * sc;
+                      for (std::int64_t t = t0; t < t1; ++t) rows[t * d + c] = src[t * st];
+                    } else {
+                      for (std::int64_t t = t0; t < t1; ++t)
+                        rows[t * d + c] = detail::read_at<Real>(v, t, c);
+                    }
+                  }
+                });
+}
+template <class Real>
+void from_rows(const Real* rows, const MutableTensorView& v) {
+  const std::int64_t d = v.sizes[1], st = v.strides[0], sc = v.strides[1];
+  const bool same = v.dtype == (sizeof(Real) == 8 ? DType::f64 : DType::f32);
+  for_each_tile(v.sizes[0], d,
+                [&](std::int64_t t0, std::int64_t t1, std::int64_t c0, std::int64_t c1) {
+                  for (std::int64_t c = c0; c < c1; ++c) {
+                    if (same) {
+                      Real* dst = static_cast<Real*>(v.data) + c * sc;
+                      for (std::int64_t t = t0; t < t1; ++t) dst[t * st] = rows[t * d + c];
+                    } else {
+                      for (std::int64_t t = t0; t < t1; ++t)
+                        detail::write_at<Real>(v, rows[t * d + c], t, c);
+                    }
+                  }
+                });
+}
+
 template <class Real>
 void conv_forward(const ConvInputs& in, const ConvOutputs& out, const ConvOptions& options,
                   const detail::ValidatedConv& v) {
@@ -27,13 +77,7 @@ void conv_forward(const ConvInputs& in, const ConvOutputs& out, const ConvOption
                              direct ? static_cast<Real*>(out.out.data) : nullptr, &b);
   b.problem.silu = options.activation == ConvActivation::silu;
   cpu::conv_forward(b.problem, options.isa, options.threads);
-  if (!direct) {
-    const Real* xh = static_cast<const Real*>(b.xh.raw());
-    for (std::int64_t t = 0; t < v.tokens; ++t) {
-      for (std::int64_t c = 0; c < v.channels; ++c)
-        detail::write_at<Real>(out.out, xh[t * v.channels + c], t, c);
-    }
-  }
+  if (!direct) from_rows<Real>(static_cast<const Real*>(b.xh.raw()), out.out);
   detail::write_final_conv_state<Real>(in.x, in.initial_state, v.sequences, v.taps,
                                        out.final_state);
 }
@@ -50,12 +94,8 @@ void conv_backward(const ConvBackwardInputs& in, const ConvBackwardOutputs& out,
   const Real* dxh_rows = static_cast<const Real*>(in.d_out.data);
   if (!contiguous_rows(in.d_out, v.compute_dtype)) {
     dxh = Tensor(v.compute_dtype, {v.tokens, v.channels});
-    Real* to = static_cast<Real*>(dxh.raw());
-    for (std::int64_t t = 0; t < v.tokens; ++t) {
-      for (std::int64_t c = 0; c < v.channels; ++c)
-        to[t * v.channels + c] = detail::read_at<Real>(in.d_out, t, c);
-    }
-    dxh_rows = to;
+    to_rows<Real>(in.d_out, static_cast<Real*>(dxh.raw()));
+    dxh_rows = static_cast<const Real*>(dxh.raw());
   }
   detail::ConvGradBuffers grads;
   detail::prepare_conv_backward<Real>(in.d_final_state, out.d_x, out.d_initial_state.present(),

@@ -265,8 +265,9 @@ TEST(CpuConv, TokenByTokenWithStateInPlaceEqualsOneCall) {
   EXPECT_TRUE(test::bit_identical(state, whole.final_state, "state"));
 }
 
-// Outputs in any layout: a strided out and d_x hold the same values as contiguous ones.
-TEST(CpuConv, StridedOutputsEqualContiguous) {
+// Any layout: a strided out and d_x hold the same values as contiguous ones, and a transposed
+// d_out gives the same gradients.
+TEST(CpuConv, StridedOutputsAndCotangentEqualContiguous) {
   ConvSpec spec;
   spec.lengths = {20, 9};
   spec.state = true;
@@ -286,6 +287,18 @@ TEST(CpuConv, StridedOutputsEqualContiguous) {
     }
   }
   EXPECT_TRUE(test::bit_identical(dw, contiguous.bwd.d_weight, "d_weight"));
+  // A transposed d_out (token stride 1) gives the same gradients.
+  Tensor d_out_t(DType::f32, {d, t});
+  for (std::int64_t i = 0; i < t; ++i) {
+    for (std::int64_t ch = 0; ch < d; ++ch)
+      d_out_t.data<float>()[ch * t + i] = c.d_out.data<float>()[i * d + ch];
+  }
+  const TensorView d_out(d_out_t.raw(), DType::f32, 2, {t, d, 0, 0}, {1, t, 0, 0});
+  const ConvBackwardResult from_transposed =
+      causal_conv1d_bwd({c.inputs(), d_out, c.d_final_state.view()}, {});
+  EXPECT_TRUE(test::bit_identical(from_transposed.d_x, contiguous.bwd.d_x, "d_x, d_out [D, T]"));
+  EXPECT_TRUE(test::bit_identical(from_transposed.d_weight, contiguous.bwd.d_weight,
+                                  "d_weight, d_out [D, T]"));
 }
 
 TEST(CpuConv, BitIdenticalForAnyThreadCount) {

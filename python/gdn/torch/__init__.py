@@ -5,18 +5,23 @@
 - ``fused_recurrent_gated_delta_rule``: fla's token recurrence (the decode path);
 - ``causal_conv1d_fn``, ``causal_conv1d_update``: the causal-conv1d package's conv (prefill /
   training, and a decode step on a conv state updated in place);
+- ``fused_gdn_step``: a serving step of a whole GDN layer over pools of state slots, updated in
+  place (sglang's / vLLM's ``initial_state_indices``); ``torch.ops.gdn.step`` takes Tokamax's
+  metadata;
 - ``reference``: the library's float64 reference of both passes, for checking;
 - ``patch(model)``: a transformers Qwen3-Next / Qwen3.5 model's GatedDeltaNet layers on gdn.
 
-The ops are registered as ``torch.ops.gdn.chunk_fwd``, ``chunk_bwd``, ``conv_fwd`` and ``conv_bwd``, with fake
-kernels (``torch.compile(fullgraph=True)`` traces through them) and an autograd formula that
-calls the C++ backward with the residuals the forward saved. docs/torch.md explains them.
+The ops are registered as ``torch.ops.gdn.chunk_fwd``, ``chunk_bwd``, ``conv_fwd``, ``conv_bwd``
+and ``step``, with fake kernels (``torch.compile(fullgraph=True)`` traces through them) and
+autograd formulas that call the C++ backward with what the forward saved (``step``, an
+inference call, has none). docs/torch.md explains them.
 """
 
 from gdn.torch import reference
 from gdn.torch._conv import causal_conv1d_fn, causal_conv1d_update
 from gdn.torch._core import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from gdn.torch._patch import is_patched, patch, unpatch
+from gdn.torch._step import fused_gdn_step
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "causal_conv1d_fn",
-           "causal_conv1d_update", "reference", "patch", "unpatch", "is_patched"]
+           "causal_conv1d_update", "fused_gdn_step", "reference", "patch", "unpatch", "is_patched"]

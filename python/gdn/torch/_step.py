@@ -1,0 +1,156 @@
+"""The serving step of a GDN layer over pools of state slots (``gdn/step.h``) for PyTorch
+inference engines: the custom op ``gdn::step``, which updates both pools in place (declared in
+``mutates_args``, so its schema marks them ``Tensor(a!)``), and ``fused_gdn_step`` over it with
+sglang's / vLLM's batch description (``initial_state_indices``, ``cu_seqlens``,
+``has_initial_state``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from gdn import _gdn
+from gdn._options import static_int
+from gdn.torch._ops import raw
+
+
+@torch.library.custom_op("gdn::step", mutates_args=("conv_state", "ssm_state"),
+                         device_types="cpu")
+def step(qkv: Tensor, a: Tensor, b: Tensor, conv_weight: Tensor, conv_bias: Optional[Tensor],
+         A_log: Tensor, dt_bias: Tensor, conv_state: Tensor, ssm_state: Tensor,
+         query_start_loc: Tensor, state_indices: Tensor, seq_lens: Tensor, distribution: Tensor,
+         read_state_indices: Optional[Tensor], read_offsets: Optional[Tensor], num_k_heads: int,
+         num_v_heads: int, head_k_dim: int, head_v_dim: int, num_spec: int,
+         threads: int) -> Tensor:
+    """The C++ serving step with its own batch description (gdn/step.h, Tokamax's and
+    vLLM's metadata: query_start_loc, state_indices, seq_lens, distribution [decode_end,
+    prefill_end, mixed_end], read_state_indices, read_offsets, num_spec speculative tokens).
+    Returns out [T, Hv Dv] in qkv's dtype; conv_state [num_slots, K - 1, D] and ssm_state
+    [num_slots, Hv, Dk, Dv] (contiguous) are updated in place. Bad input raises ValueError
+    before anything is written."""
+    out = torch.empty((qkv.shape[0], num_v_heads * head_v_dim), dtype=qkv.dtype)
+    _gdn.step(raw(qkv), raw(a), raw(b), raw(conv_weight), raw(conv_bias), raw(A_log), raw(dt_bias),
+              raw(conv_state), raw(ssm_state), raw(query_start_loc), raw(state_indices),
+              raw(seq_lens), raw(distribution), raw(read_state_indices), raw(read_offsets),
+              raw(out), num_k_heads, num_v_heads, head_k_dim, head_v_dim, num_spec, threads,
+              False)
+    return out
+
+
+@step.register_fake
+def _(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, query_start_loc,
+      state_indices, seq_lens, distribution, read_state_indices, read_offsets, num_k_heads,
+      num_v_heads, head_k_dim, head_v_dim, num_spec, threads):
+    return qkv.new_empty((qkv.shape[0], num_v_heads * head_v_dim))
+
+
+def _conv_pool(conv_state: Tensor, taps: int, channels: int) -> Tensor:
+    """The conv pool as the library's [num_slots, K - 1, D]; vLLM's [num_slots, D, K - 1] view
+    of that memory is accepted and seen through its transpose."""
+    if conv_state.dim() == 3 and tuple(conv_state.shape[1:]) == (channels, taps - 1) \
+            and taps - 1 != channels:
+        return conv_state.transpose(1, 2)
+    return conv_state
+
+
+def fused_gdn_step(
+    qkv: Tensor,
+    a: Tensor,
+    b: Tensor,
+    conv_weight: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    conv_state: Tensor,
+    ssm_state: Tensor,
+    initial_state_indices: Tensor,
+    cu_seqlens: Tensor,
+    has_initial_state: Optional[Tensor] = None,
+    *,
+    conv_bias: Optional[Tensor] = None,
+    num_k_heads: int,
+    num_v_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+    threads: int = 0,
+) -> Tensor:
+    """One serving step of a GDN layer (conv1d + SiLU, gates, gated delta rule) for a batch of
+    decodes and prefills over pools of state slots, the pools updated in place: the call an
+    inference engine makes per GDN layer and step, with sglang's and vLLM's batch description.
+
+    Sequence s has the packed tokens ``[cu_seqlens[s], cu_seqlens[s + 1])`` of qkv, a and b; it
+    starts from the conv and recurrent state in slot ``initial_state_indices[s]`` when
+    ``has_initial_state[s]`` (a decode, or a continued chunked prefill), else from zeros (a
+    fresh prefill), and writes its new states to the same slot. Sequences with a negative
+    index (vLLM's PAD_SLOT_ID) are padding: they must come after every live one, write
+    nothing, and their tokens' output rows are zero. One-token sequences with a state at the
+    front of the batch take the decode kernel; the result does not depend on the order.
+
+    Args:
+      qkv: [T, D] projected channels before the conv, D = 2 Hk Dk + Hv Dv ([q | k | v]);
+        float32, bfloat16 or float16 (or float64 with float64 everything).
+      a, b: [T, Hv] gate logits (g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)),
+        qkv's dtype.
+      conv_weight: [D, K] or [D, 1, K], K from 1 to 8; A_log, dt_bias: [Hv]; conv_bias: [D] or
+        None. float32 (float64 with float64 qkv).
+      conv_state: [num_slots, K - 1, D] (or vLLM's [num_slots, D, K - 1] view of that memory),
+        float32 or bfloat16, contiguous: each slot's last K - 1 raw inputs, oldest first.
+      ssm_state: [num_slots, Hv, Dk, Dv], float32 or bfloat16, contiguous.
+      initial_state_indices: int32 / int64 [N]: the slot of each sequence; live slots in
+        [1, num_slots) (slot 0 is the null slot), no slot written by two sequences.
+      cu_seqlens: int32 / int64 [N + 1]: the sequences' token boundaries, from 0, at most T.
+      has_initial_state: bool [N], or None (every sequence continues from its slot).
+      num_k_heads, num_v_heads, head_k_dim, head_v_dim: the head layout (Hv a multiple of Hk).
+      threads: CPU threads, 0 = all. Results do not depend on it.
+
+    Returns:
+      out [T, Hv Dv] in qkv's dtype (q and k L2-normalised, scale Dk ** -0.5).
+
+    Bad input raises ValueError naming the argument, and leaves both pools as they were.
+    torch.compile(fullgraph=True) traces through it (the padding order is then checked by the
+    library's slot rules only). For speculative decoding windows, prefix caching (read one
+    slot, write another) and Tokamax's metadata, call ``torch.ops.gdn.step`` directly.
+
+    Example::
+
+        out = gdn.torch.fused_gdn_step(qkv, a, b, conv_weight, A_log, dt_bias, conv_pool,
+                                       ssm_pool, slots, cu_seqlens, has_initial_state,
+                                       num_k_heads=16, num_v_heads=32, head_k_dim=128,
+                                       head_v_dim=128)
+    """
+    threads = static_int(threads, "threads")
+    for name, x in (("initial_state_indices", initial_state_indices), ("cu_seqlens", cu_seqlens)):
+        if not isinstance(x, Tensor) or x.dim() != 1 or x.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"gdn: argument '{name}': expected a rank-1 int32 or int64 tensor, "
+                             f"given {getattr(x, 'dtype', type(x).__name__)} "
+                             f"{list(getattr(x, 'shape', []))}")
+    n = initial_state_indices.shape[0]
+    if cu_seqlens.shape[0] != n + 1:
+        raise ValueError(f"gdn: argument 'cu_seqlens': expected [N + 1] = [{n + 1}] entries "
+                         f"(N = {n} initial_state_indices), given {list(cu_seqlens.shape)}")
+    slots = initial_state_indices.long()
+    starts = cu_seqlens.long()
+    lengths = starts[1:] - starts[:-1]
+    if has_initial_state is None:
+        has = torch.ones(n, dtype=torch.bool)
+    else:
+        if has_initial_state.shape != (n,):
+            raise ValueError(f"gdn: argument 'has_initial_state': expected [N] = [{n}], given "
+                             f"{list(has_initial_state.shape)}")
+        has = has_initial_state.bool()
+    live = slots >= 0
+    mixed_end = live.long().cumprod(0).sum()
+    if not torch.compiler.is_compiling() and bool(live[int(mixed_end):].any()):
+        raise ValueError(f"gdn: argument 'initial_state_indices': expected padding (negative) "
+                         f"slots after every live one, given {slots.tolist()}")
+    decode_end = ((lengths == 1) & has & live).long().cumprod(0).sum()
+    distribution = torch.stack([decode_end, mixed_end, mixed_end])
+    # A sequence has history when its total length exceeds its new tokens.
+    seq_lens = lengths + has.long()
+    taps = conv_weight.shape[-1]
+    return step(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias,
+                _conv_pool(conv_state, taps, qkv.shape[-1]), ssm_state, starts, slots, seq_lens,
+                distribution, None, None, num_k_heads, num_v_heads, head_k_dim, head_v_dim, 0,
+                threads)
