@@ -205,3 +205,17 @@ def test_conv_bad_inputs_raise_value_errors_naming_the_argument():
     with pytest.raises(ValueError, match="argument 'conv_state'"):
         update(x[..., 0], pool, w, b)  # 3 rows for a batch of 2, no indices
     assert torch.equal(pool, before)
+
+
+def test_empty_batches_and_zero_tokens():
+    w = _rand(8, 4, seed=2, dtype=torch.float32)
+    for b, t in ((0, 5), (1, 0), (3, 0)):
+        x = _rand(b, 8, t, seed=1, dtype=torch.float32)
+        s = _rand(b, 8, 3, seed=3, dtype=torch.float32)
+        out, final = fn(x, w, initial_states=s, return_final_states=True, activation="silu")
+        assert out.shape == (b, 8, t) and final.shape == (b, 8, 3)
+        assert torch.equal(final, s)  # no new input: the state carries over
+    pool = torch.zeros(2, 8, 4)
+    empty = torch.zeros(0, dtype=torch.int32)
+    assert update(torch.zeros(0, 8), pool, w, conv_state_indices=empty).shape == (0, 8)
+    assert torch.count_nonzero(pool) == 0

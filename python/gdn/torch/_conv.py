@@ -227,8 +227,12 @@ def causal_conv1d_fn(
         cu = cu_seqlens
     elif seq_idx is not None:
         cu = _cu_from_seq_idx(seq_idx, batch, tokens)
-    elif batch > 1:
-        cu = torch.arange(0, (batch + 1) * tokens, tokens, dtype=torch.int64)
+    elif batch != 1:
+        if batch == 0:  # no sequence: nothing to compute
+            out = x.new_empty(x.shape)
+            return (out, x.new_empty(0, channels, weight.shape[-1] - 1)) if return_final_states \
+                else out
+        cu = torch.arange(batch + 1, dtype=torch.int64) * tokens
     else:
         cu = None
     state = None
@@ -318,7 +322,9 @@ def causal_conv1d_update(
     size = conv_state.shape[2]
     cdt = compute_dtype(x.dtype)
     state = rows[:, :, size - (k - 1):].transpose(1, 2).to(cdt) if k > 1 else None
-    cu = torch.arange(0, (batch + 1) * tokens, tokens, dtype=torch.int64)
+    if batch == 0:
+        return x.new_empty(x.shape[:-1] if one_token else x.shape)
+    cu = torch.arange(batch + 1, dtype=torch.int64) * tokens
     flat = x.transpose(1, 2).reshape(batch * tokens, channels)
     out, _ = conv_fwd(flat, weight.to(cdt), bias.to(cdt) if bias is not None else None, state,
                       cu, silu, threads, False)
