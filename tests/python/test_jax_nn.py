@@ -121,3 +121,27 @@ def test_config_from_hf_and_load_errors(hf, tmp_path):
         nn.load_hf_params(path, wrong, prefix=PREFIX)
     params = nn.init_params(jax.random.PRNGKey(0), cfg)
     assert {n: p.shape for n, p in params.items()} == cfg.param_shapes()
+
+
+def test_hybrid_precision_bf16_against_the_float64_block(hf):
+    _, _, cfg, params, _ = hf
+    x = _x(batch=1, tokens=300, seed=4)
+    w = np.random.default_rng(5).standard_normal(x.shape)
+
+    def grads(param_dtype, dtype):
+        p = {k: v.astype(param_dtype) for k, v in params.items()}
+
+        def loss(p):
+            y = nn.gated_delta_net(p, jnp.asarray(x, param_dtype), cfg, dtype=dtype)
+            return jnp.sum(y.astype(param_dtype) * jnp.asarray(w, param_dtype)), y
+        (_, y), g = jax.value_and_grad(loss, has_aux=True)(p)
+        return y, g
+
+    y64, g64 = grads(jnp.float64, None)
+    y, g = grads(jnp.float32, jnp.bfloat16)
+    assert y.dtype == jnp.bfloat16 and all(v.dtype == jnp.float32 for v in g.values())
+    for name in ("A_log", "dt_bias"):
+        a, b = np.asarray(g[name], np.float64), np.asarray(g64[name], np.float64)
+        cosine = a @ b / (np.linalg.norm(a) * np.linalg.norm(b))
+        assert cosine >= 0.999, (name, cosine)
+    assert_close(y, y64, 2e-2, "y in hybrid precision")  # bf16 activations: 2^-9 per rounding

@@ -126,15 +126,21 @@ def load_hf_params(path: str, cfg: GatedDeltaNetConfig, prefix: str = "",
     return params
 
 
+def _matmul(x, weight):
+    """x @ weight.T with the weight cast to x's dtype (bf16 operands in hybrid precision) and
+    float32 accumulation, rounded to x's dtype."""
+    acc = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+    return jnp.matmul(x, weight.T.astype(x.dtype), preferred_element_type=acc).astype(x.dtype)
+
+
 def _split_projections(params, x, cfg: GatedDeltaNetConfig):
     """HF's fix-up of its head-interleaved projections: (qkv [.., D] = [q | k | v] by heads, z
     [.., Hv, Dv], b, a [.., Hv])."""
     hk, hv, dk, dv = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
     g = hv // hk
     lead = x.shape[:-1]
-    qkvz = (x @ params["in_proj_qkvz.weight"].T.astype(x.dtype)).reshape(
-        *lead, hk, 2 * dk + 2 * g * dv)
-    ba = (x @ params["in_proj_ba.weight"].T.astype(x.dtype)).reshape(*lead, hk, 2 * g)
+    qkvz = _matmul(x, params["in_proj_qkvz.weight"]).reshape(*lead, hk, 2 * dk + 2 * g * dv)
+    ba = _matmul(x, params["in_proj_ba.weight"]).reshape(*lead, hk, 2 * g)
     q, k = qkvz[..., :dk], qkvz[..., dk:2 * dk]
     v, z = qkvz[..., 2 * dk:2 * dk + g * dv], qkvz[..., 2 * dk + g * dv:]
     b, a = ba[..., :g].reshape(*lead, hv), ba[..., g:].reshape(*lead, hv)
@@ -144,19 +150,20 @@ def _split_projections(params, x, cfg: GatedDeltaNetConfig):
 
 
 def _output(params, o, z, cfg: GatedDeltaNetConfig, dtype):
-    """The gated RMSNorm per value head (in float32, as HF) and out_proj."""
-    o = o.reshape(z.shape).astype(jnp.float32)
+    """The gated RMSNorm per value head (in float32, as HF; float64 for float64) and
+    out_proj."""
+    wide = jnp.float64 if dtype == jnp.float64 else jnp.float32
+    o = o.reshape(z.shape).astype(wide)
     o = o * jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + cfg.rms_norm_eps)
-    o = params["norm.weight"].astype(jnp.float32) * o
-    o = (o * jax.nn.silu(z.astype(jnp.float32))).astype(dtype)
-    o = o.reshape(*z.shape[:-2], -1)
-    return o @ params["out_proj.weight"].T.astype(dtype)
+    o = params["norm.weight"].astype(wide) * o
+    o = (o * jax.nn.silu(z.astype(wide))).astype(dtype)
+    return _matmul(o.reshape(*z.shape[:-2], -1), params["out_proj.weight"])
 
 
 def gated_delta_net(params: dict, x: jax.Array, cfg: GatedDeltaNetConfig, *,
                     conv_state: Optional[jax.Array] = None,
                     recurrent_state: Optional[jax.Array] = None, return_state: bool = False,
-                    residuals: str = "all", threads: int = 0):
+                    dtype: Optional[Any] = None, residuals: str = "all", threads: int = 0):
     """The block's forward on x [B, T, hidden] (HF's Qwen3NextGatedDeltaNet without an
     attention mask): each batch row one sequence, continuing from its conv_state [B, K - 1, D]
     and recurrent_state [B, Hv, Dk, Dv] when given (zeros otherwise). Differentiable in x and
@@ -164,11 +171,20 @@ def gated_delta_net(params: dict, x: jax.Array, cfg: GatedDeltaNetConfig, *,
     ``return_state`` also (conv_state, recurrent_state) after the last token, the float32
     states a later call continues from.
 
+    Hybrid precision (MaxText's ``dtype`` / ``param_dtype`` split): with ``dtype=jnp.bfloat16``
+    and float32 parameters, x and the projection weights are cast to bf16 for the matmuls
+    (float32 accumulation), bf16 activations go into the op, and the conv weight, A_log,
+    dt_bias, the states, the gates, softplus and every sum inside stay float32; the norm runs in
+    float32; y is bf16 and the parameters' gradients float32. Without ``dtype`` everything runs
+    in x's dtype.
+
     Example::
 
         y = gated_delta_net(params, x, cfg)
         loss, grads = jax.value_and_grad(lambda p: gated_delta_net(p, x, cfg).sum())(params)
     """
+    if dtype is not None:
+        x = x.astype(dtype)
     batch, tokens = x.shape[0], x.shape[1]
     qkv, z, b, a = _split_projections(params, x, cfg)
     flat = lambda t: t.reshape(batch * tokens, *t.shape[2:])  # noqa: E731
