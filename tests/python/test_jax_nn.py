@@ -111,9 +111,25 @@ def test_decode_through_the_serving_step_equals_the_full_sequence(hf):
     assert_close(jnp.concatenate(outs, axis=1), whole, 1e-5, "prefill + 4 decode steps")
 
 
+def test_bf16_checkpoint_loads(hf, tmp_path):
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    _, layer, cfg, params, _ = hf
+    path = str(tmp_path / "bf16.safetensors")  # Qwen3-Next checkpoints ship in bf16
+    safetensors_torch.save_file({PREFIX + n: p.detach().to(torch.bfloat16).contiguous()
+                                 for n, p in layer.named_parameters()}, path)
+    loaded = nn.load_hf_params(path, cfg, prefix=PREFIX)
+    for name, p in layer.named_parameters():
+        assert loaded[name].dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(loaded[name], np.float32),
+                                      p.detach().to(torch.bfloat16).float().numpy())
+
+
 def test_config_from_hf_and_load_errors(hf, tmp_path):
     config, _, cfg, _, path = hf
     assert nn.GatedDeltaNetConfig.from_hf(config.to_dict()) == cfg
+    assert nn.GatedDeltaNetConfig.from_hf({"text_config": config.to_dict()}) == cfg
+    with pytest.raises(ValueError, match="'linear_num_key_heads'"):
+        nn.GatedDeltaNetConfig.from_hf({"hidden_size": 64})
     with pytest.raises(KeyError, match="no tensor 'other.in_proj_qkvz.weight'"):
         nn.load_hf_params(path, cfg, prefix="other.")
     wrong = nn.GatedDeltaNetConfig(64, 2, 4, 16, 16)

@@ -194,6 +194,8 @@ def test_conv_bad_inputs_raise_value_errors_naming_the_argument():
         fn(x[:1], w, b, cu_seqlens=torch.tensor([0, 30, 20, 37]))
     with pytest.raises(ValueError, match="argument 'seq_idx'"):
         fn(x, w, b, seq_idx=torch.zeros(2, 37, dtype=torch.int32), initial_states=s)
+    with pytest.raises(ValueError, match="argument 'seq_idx'"):
+        fn(x, w, b, seq_idx=torch.zeros(2, 37, dtype=torch.int32), return_final_states=True)
     pool = torch.zeros(3, 24, 4)
     with pytest.raises(ValueError, match="argument 'cache_seqlens'"):
         update(x[..., 0], pool[:2], w, b, cache_seqlens=torch.tensor([1, 2]))

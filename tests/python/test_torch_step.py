@@ -159,6 +159,8 @@ def test_bad_inputs_raise_and_leave_the_pools_untouched():
         layer.step(torch.tensor([-1, 3]), cu, has)  # a live sequence after padding
     with pytest.raises(ValueError, match="argument 'cu_seqlens'"):
         layer.step(torch.tensor([3, 4]), torch.tensor([0, 10]), has)
+    with pytest.raises(ValueError, match="argument 'has_initial_state'"):
+        layer.step(torch.tensor([3, 4]), cu, [True, False])
     with pytest.raises(ValueError, match="argument 'qkv'"):
         gdn.torch.fused_gdn_step(layer.qkv[:, :-1], layer.a, layer.b, layer.w, layer.A_log,
                                  layer.dt_bias, layer.conv_pool, layer.ssm_pool,

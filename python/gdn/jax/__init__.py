@@ -5,7 +5,7 @@
 - ``fused_gdn``: the fused layer op (conv1d + SiLU, gates, L2 norm, gated delta rule),
   differentiable in every input;
 - ``fused_conv1d_gdn``: Tokamax's serving call over pools of state slots, updated in place;
-- ``gdn.jax.nn``: a Qwen3-Next / Qwen3.5 GatedDeltaNet block over a parameter pytree with
+- ``gdn.jax.nn``: a Qwen3-Next GatedDeltaNet block over a parameter pytree with
   Hugging Face's names, loading HF weights (``import gdn.jax.nn``).
 
 docs/jax.md explains install, the ops, the residual names, the serving call and its pools.

@@ -1,4 +1,4 @@
-"""A Qwen3-Next / Qwen3.5 GatedDeltaNet block in plain JAX over a parameter pytree, with the
+"""A Qwen3-Next GatedDeltaNet block in plain JAX over a parameter pytree, with the
 parameter names and shapes of Hugging Face's ``linear_attn.*`` weights, on gdn's fused layer op.
 
 The block, for hidden states x [B, T, hidden]::
@@ -21,7 +21,9 @@ Parameters (a dict, HF's names relative to a layer's ``linear_attn.`` prefix):
     norm.weight          [Dv]
     out_proj.weight      [hidden, Hv Dv]
 
-``load_hf_params`` reads them from a ``.safetensors`` file (the ``safetensors`` package).
+``load_hf_params`` reads them from a ``.safetensors`` file, bf16 checkpoints included.
+Qwen3.5's layers split the projections differently (in_proj_qkv, in_proj_z, in_proj_b,
+in_proj_a) and are not covered yet.
 """
 
 from __future__ import annotations
@@ -53,13 +55,25 @@ class GatedDeltaNetConfig:
 
     @classmethod
     def from_hf(cls, config: Any) -> "GatedDeltaNetConfig":
-        """From a transformers Qwen3-Next / Qwen3.5 config (an object or a dict, such as a
-        checkpoint's config.json)."""
-        get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
-        return cls(hidden_size=get("hidden_size"), num_k_heads=get("linear_num_key_heads"),
-                   num_v_heads=get("linear_num_value_heads"),
-                   head_k_dim=get("linear_key_head_dim"), head_v_dim=get("linear_value_head_dim"),
-                   conv_kernel_size=get("linear_conv_kernel_dim", 4),
+        """From a transformers Qwen3-Next config (an object or a dict, such as a checkpoint's
+        config.json); a ``text_config`` inside is looked into. Raises ValueError naming a
+        missing field."""
+        if isinstance(config, dict):
+            config = config.get("text_config", config)
+            get = config.get
+        else:
+            config = getattr(config, "text_config", None) or config
+            get = lambda k, d=None: getattr(config, k, d)  # noqa: E731
+        fields = {"hidden_size": "hidden_size", "num_k_heads": "linear_num_key_heads",
+                  "num_v_heads": "linear_num_value_heads", "head_k_dim": "linear_key_head_dim",
+                  "head_v_dim": "linear_value_head_dim"}
+        values = {}
+        for ours, theirs in fields.items():
+            values[ours] = get(theirs)
+            if values[ours] is None:
+                raise ValueError(f"gdn: argument 'config': expected a Qwen3-Next config with "
+                                 f"'{theirs}', given one without it")
+        return cls(**values, conv_kernel_size=get("linear_conv_kernel_dim", 4),
                    rms_norm_eps=get("rms_norm_eps", 1e-6))
 
     @property
@@ -108,22 +122,52 @@ def load_hf_params(path: str, cfg: GatedDeltaNetConfig, prefix: str = "",
         params = load_hf_params("model-00001-of-00041.safetensors", cfg,
                                 prefix="model.layers.0.linear_attn.")
     """
-    from safetensors import safe_open  # the weights' file format; needed only here
-
+    tensors = _read_safetensors(path, [prefix + n for n in PARAM_NAMES])
     params = {}
-    with safe_open(path, framework="numpy") as f:
-        names = set(f.keys())
-        for name, shape in cfg.param_shapes().items():
-            full = prefix + name
-            if full not in names:
-                raise KeyError(f"gdn: {path}: no tensor '{full}' (the block needs "
-                               f"{[prefix + n for n in PARAM_NAMES]})")
-            value = f.get_tensor(full)
-            if tuple(value.shape) != shape:
-                raise ValueError(f"gdn: tensor '{full}': expected shape {list(shape)} for this "
-                                 f"config, given {list(value.shape)}")
-            params[name] = jnp.asarray(value, dtype=dtype)
+    for name, shape in cfg.param_shapes().items():
+        full = prefix + name
+        if full not in tensors:
+            raise KeyError(f"gdn: {path}: no tensor '{full}' (the block needs "
+                           f"{[prefix + n for n in PARAM_NAMES]})")
+        value = tensors[full]
+        if tuple(value.shape) != shape:
+            raise ValueError(f"gdn: tensor '{full}': expected shape {list(shape)} for this "
+                             f"config, given {list(value.shape)}")
+        params[name] = jnp.asarray(value, dtype=dtype)
     return params
+
+
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def _read_safetensors(path: str, names) -> dict:
+    """The named tensors of a .safetensors file (those present) as NumPy arrays. The format is
+    an 8-byte little-endian header length, a JSON header (name -> dtype, shape, byte offsets
+    after the header) and the raw little-endian data. Read here rather than by the safetensors
+    package's NumPy loader, which cannot return bf16 (NumPy has no bf16; ml_dtypes, which jax
+    requires, has)."""
+    import json
+
+    import ml_dtypes
+    import numpy as np
+
+    with open(path, "rb") as f:
+        (length,) = np.frombuffer(f.read(8), "<u8")
+        header = json.loads(f.read(int(length)))
+        data = np.memmap(f, dtype=np.uint8, mode="r", offset=8 + int(length))
+    out = {}
+    for name in names:
+        entry = header.get(name)
+        if entry is None:
+            continue
+        kind = _SAFETENSORS_DTYPES.get(entry["dtype"])
+        if kind is None:
+            raise ValueError(f"gdn: tensor '{name}': expected dtype F64, F32, F16 or BF16, given "
+                             f"{entry['dtype']}")
+        dt = ml_dtypes.bfloat16 if kind == "bfloat16" else np.dtype(kind).newbyteorder("<")
+        lo, hi = entry["data_offsets"]
+        out[name] = np.array(data[lo:hi].view(dt).reshape(entry["shape"]))
+    return out
 
 
 def _matmul(x, weight):
@@ -168,8 +212,8 @@ def gated_delta_net(params: dict, x: jax.Array, cfg: GatedDeltaNetConfig, *,
     attention mask): each batch row one sequence, continuing from its conv_state [B, K - 1, D]
     and recurrent_state [B, Hv, Dk, Dv] when given (zeros otherwise). Differentiable in x and
     every parameter (gdn's C++ backward inside). Returns y [B, T, hidden] in x's dtype, and with
-    ``return_state`` also (conv_state, recurrent_state) after the last token, the float32
-    states a later call continues from.
+    ``return_state`` also (conv_state, recurrent_state) after the last token, the states a
+    later call continues from (float32; float64 for float64 x).
 
     Hybrid precision (MaxText's ``dtype`` / ``param_dtype`` split): with ``dtype=jnp.bfloat16``
     and float32 parameters, x and the projection weights are cast to bf16 for the matmuls

@@ -153,7 +153,8 @@ def _cu_from_seq_idx(seq_idx: Tensor, batch: int, tokens: int) -> Tensor:
     """The sequence boundaries of a [B, T] seq_idx over the flattened B * T tokens: a new
     sequence at each row start and wherever the index changes."""
     if seq_idx.shape != (batch, tokens) or seq_idx.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"gdn: argument 'seq_idx': expected int32 [B, T] = [{batch}, {tokens}], "
+        raise ValueError(f"gdn: argument 'seq_idx': expected int32 or int64 [B, T] = "
+                         f"[{batch}, {tokens}], "
                          f"given {seq_idx.dtype} {list(seq_idx.shape)}")
     change = torch.ones(batch, tokens, dtype=torch.bool)
     change[:, 1:] = seq_idx[:, 1:] != seq_idx[:, :-1]
@@ -187,8 +188,10 @@ def causal_conv1d_fn(
         channel-last [B, T, D] tensor transposed; that layout is read in place).
       weight: [D, K] (or nn.Conv1d's [D, 1, K]), K from 1 to 8; bias: [D] or None. Cast to
         float32 (float64 for float64 x) by a differentiable cast.
-      seq_idx: int32 [B, T], optional: the sequence of each token; tokens of different
-        sequences do not mix (a new sequence starts where the index changes).
+      seq_idx: int32 or int64 [B, T], optional: the sequence of each token; a new sequence
+        starts wherever the index changes (causal-conv1d instead masks inputs whose index
+        differs from the current token's: the two agree for non-decreasing indices). Not with
+        initial_states or return_final_states.
       initial_states: [B, D, K - 1], optional: the K - 1 inputs before each row (not with
         seq_idx).
       return_final_states: also return the [B, D, K - 1] last K - 1 inputs of each row, in x's
@@ -217,9 +220,11 @@ def causal_conv1d_fn(
     _check_x(x, weight, "x", (3,))
     batch, channels, tokens = x.shape
     cdt = compute_dtype(x.dtype)
-    if seq_idx is not None and (cu_seqlens is not None or initial_states is not None):
-        raise ValueError("gdn: argument 'seq_idx': expected None with cu_seqlens or "
-                         "initial_states (each names the sequences), given a tensor")
+    if seq_idx is not None and (cu_seqlens is not None or initial_states is not None
+                                or return_final_states):
+        raise ValueError("gdn: argument 'seq_idx': expected None with cu_seqlens, "
+                         "initial_states or return_final_states (states are per row), given "
+                         "a tensor")
     if cu_seqlens is not None:
         if batch != 1:
             raise ValueError(f"gdn: argument 'x': expected [1, D, T] with cu_seqlens (a packed "

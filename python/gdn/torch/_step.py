@@ -136,9 +136,11 @@ def fused_gdn_step(
     if has_initial_state is None:
         has = torch.ones(n, dtype=torch.bool)
     else:
-        if has_initial_state.shape != (n,):
-            raise ValueError(f"gdn: argument 'has_initial_state': expected [N] = [{n}], given "
-                             f"{list(has_initial_state.shape)}")
+        if not isinstance(has_initial_state, Tensor) or has_initial_state.shape != (n,):
+            given = (list(has_initial_state.shape) if isinstance(has_initial_state, Tensor)
+                     else type(has_initial_state).__name__)
+            raise ValueError(f"gdn: argument 'has_initial_state': expected a bool tensor [N] = "
+                             f"[{n}], given {given}")
         has = has_initial_state.bool()
     live = slots >= 0
     mixed_end = live.long().cumprod(0).sum()
