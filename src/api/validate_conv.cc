@@ -50,8 +50,7 @@ void validate_conv_inputs(const ConvInputs& in, const ConvOptions& options, Vali
   }
   if (in.initial_state.present()) {
     const std::int64_t n = static_cast<std::int64_t>(r.sequences.size());
-    expect_shape("initial_state", in.initial_state, 3, {n, r.taps - 1, r.channels, 0},
-                 kStateShape);
+    expect_shape("initial_state", in.initial_state, 3, {n, r.taps - 1, r.channels, 0}, kStateShape);
     check_extent("initial_state", in.initial_state);
     expect_dtype("initial_state", in.initial_state, r.compute_dtype, compute);
   }
@@ -94,8 +93,8 @@ void validate_conv_backward(const ConvBackwardInputs& in, const ConvBackwardOutp
   const std::string compute = compute_dtype_why(r.dtype);
   expect_output("d_out", in.d_out, 2, {r.tokens, r.channels, 0, 0}, "[T, D] (that of x)", r.dtype,
                 " (the dtype of x)", true);
-  expect_output("d_final_state", in.d_final_state, 3, {n, r.taps - 1, r.channels, 0},
-                kStateShape, r.compute_dtype, compute, false);
+  expect_output("d_final_state", in.d_final_state, 3, {n, r.taps - 1, r.channels, 0}, kStateShape,
+                r.compute_dtype, compute, false);
   const bool f64 = precision == OutputPrecision::float64;
   const std::string why = f64 ? " (reference outputs are float64)" : " (the dtype of x)";
   const DType g = f64 ? DType::f64 : r.dtype, gc = f64 ? DType::f64 : r.compute_dtype;
