@@ -14,7 +14,7 @@
 // buffers included) and oneDNN's bf16 matmul (bf16 copies made outside the timed call,
 // float32 output). The % peak of a bf16 row is of the vdpbf16ps peak measured in the run.
 //
-// The figures it prints are the comparison quoted in docs/perf.md.
+// The figures it prints are the comparison quoted in docs/perf_matmul.md.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -16,7 +16,9 @@ enum class CpuIsa : std::uint8_t {
   avx2,         // x86-64 AVX2 + FMA + F16C
   avx512,       // x86-64 AVX-512 F/BW/DQ/VL + F16C
   avx512_bf16,  // avx512 + AVX512_BF16: bf16-operand products (MatmulPrecision::bf16) on
-                // vdpbf16ps; every other kernel is avx512's
+                // vdpbf16ps; every other kernel is avx512's. `automatic` takes it only where
+                // vdpbf16ps issues as often as an FMA (AMD); on an Intel Xeon it issues half as
+                // often, and automatic takes avx512 (its emulation is faster there)
 };
 
 // "automatic", "generic", "avx2", "avx512", "avx512_bf16".
@@ -33,7 +35,7 @@ const char* cpu_isa_unavailable_reason(CpuIsa isa);
 
 // The variant a call with `requested` runs. `automatic` resolves to the environment variable
 // GDN_CPU_ISA when it is set (to generic, avx2, avx512 or avx512_bf16), else to the best
-// available variant.
+// available variant (avx512_bf16 on AMD only, see above; then avx512, avx2, generic).
 // Throws gdn::RuntimeError when the requested (or environment-named) variant is unavailable.
 CpuIsa resolve_cpu_isa(CpuIsa requested);
 

@@ -125,4 +125,10 @@ double measure_fma_peak_gflops(CpuIsa isa, int threads, double seconds = 0.3);
 // 0 when the variant has none.
 double measure_bf16_dot_peak_gflops(CpuIsa isa, int threads, double seconds = 0.3);
 
+// Whether the automatic ISA choice takes the avx512_bf16 variant on this CPU (which has it):
+// true where vdpbf16ps issues as often as an FMA (AMD Zen 4/5), false where it issues half as
+// often (Intel Xeon without AMX: bf16 operands on it are slower than the emulation). The
+// evidence is beside the definition (dispatch.cc).
+bool bf16_dot_runs_at_full_rate();
+
 }  // namespace gdn::cpu

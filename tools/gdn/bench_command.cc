@@ -45,8 +45,9 @@ times 16-bit activations (q, k, v, o, d_o and dq, dk, dv) with float32 gates, st
 and arithmetic; their check tolerance adds twice the error of the reference's own output
 rounded to that type (docs/numerics.md).
 --matmul bf16 rounds the chunked cases' matrix operands to bf16 (the token-recurrence
-baseline keeps float32): with the avx512_bf16 variant (the automatic choice where the CPU has
-AVX512_BF16) the products run on vdpbf16ps with float32 accumulation; other variants round on
+baseline keeps float32): with the avx512_bf16 variant (the automatic choice on an AMD CPU with
+AVX512_BF16; on an Intel Xeon vdpbf16ps issues at half the FMA rate and auto emulates: --isa
+avx512_bf16 forces it) the products run on vdpbf16ps with float32 accumulation; other variants round on
 float32 registers and multiply in float32, which gives the numerics of bf16 operands, not
 their speed. Its check tolerance adds 6 times the error of the reference rounded to bf16
 (docs/numerics.md, "bf16 matrix operands"). --matmul both times every case with float32
@@ -494,12 +495,23 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
                  cpu_isa_name(isa), threads, threads == 1 ? "" : "s", peak);
     if (bf16_operands) {
       // % peak stays the fp32 one; this is the ceiling the bf16-operand products could reach.
-      const double dot = cpu::measure_bf16_dot_peak_gflops(isa, threads);
+      // Where the CPU has vdpbf16ps but this run emulates, its peak says why the automatic
+      // choice left it out (cpu::bf16_dot_runs_at_full_rate).
+      const CpuIsa dot_isa = isa != CpuIsa::avx512_bf16 && cpu_isa_available(CpuIsa::avx512_bf16)
+                                 ? CpuIsa::avx512_bf16
+                                 : isa;
+      const double dot = cpu::measure_bf16_dot_peak_gflops(dot_isa, threads);
       if (dot > 0) {
         std::fprintf(info,
                      "bf16 dot peak (vdpbf16ps), measured now (%s, %d thread%s): %.1f "
-                     "GFLOP/s\n",
-                     cpu_isa_name(isa), threads, threads == 1 ? "" : "s", dot);
+                     "GFLOP/s%s\n",
+                     cpu_isa_name(dot_isa), threads, threads == 1 ? "" : "s", dot,
+                     dot_isa == isa ? ""
+                     : cpu::bf16_dot_runs_at_full_rate()
+                         ? " (not used by this run; --isa avx512_bf16 runs it)"
+                         : " (not used by this run: vdpbf16ps issues half as often as an FMA "
+                           "on this CPU, so the automatic choice emulates; --isa avx512_bf16 "
+                           "runs it)");
       }
     }
   }
