@@ -36,12 +36,13 @@ LayerRun run_layer(const test::LayerProblem& p, bool with_state_cotangents, bool
                    CpuIsa isa = CpuIsa::automatic) {
   LayerOptions o = p.options();
   o.isa = isa;
-  const LayerBackwardInputs in{p.inputs(),
-                               p.d_out.view(),
-                               with_state_cotangents ? p.d_conv_state_out.view() : TensorView{},
-                               with_state_cotangents ? p.d_recurrent_state_out.view() : TensorView{},
-                               {},
-                               {}};
+  const LayerBackwardInputs in{
+      p.inputs(),
+      p.d_out.view(),
+      with_state_cotangents ? p.d_conv_state_out.view() : TensorView{},
+      with_state_cotangents ? p.d_recurrent_state_out.view() : TensorView{},
+      {},
+      {}};
   if (reference) return {ref::fused_gdn_fwd(p.inputs(), o), ref::fused_gdn_bwd(in, o)};
   return {fused_gdn_fwd(p.inputs(), o), fused_gdn_bwd(in, o)};
 }
@@ -150,15 +151,16 @@ TEST(PeerBugA1, ShortCallsInARowEqualOneCall) {
     in.cu_seqlens = {};
     LayerForwardResult part = fused_gdn_fwd(in, whole.options());
     for (std::int64_t i = 0; i < len * spec.hv * spec.dv; ++i) {
-      EXPECT_NEAR(part.out.data<float>()[i],
-                  one.out.data<float>()[start * spec.hv * spec.dv + i], 1e-5)
+      EXPECT_NEAR(part.out.data<float>()[i], one.out.data<float>()[start * spec.hv * spec.dv + i],
+                  1e-5)
           << "token " << start + i / (spec.hv * spec.dv) << " of the call of " << len;
     }
     conv_state = std::move(part.conv_state_out);
     rec_state = std::move(part.recurrent_state_out);
     start += len;
   }
-  EXPECT_TRUE(test::within(conv_state, ref::fused_gdn_fwd(whole.inputs(), whole.options()).conv_state_out,
+  EXPECT_TRUE(test::within(conv_state,
+                           ref::fused_gdn_fwd(whole.inputs(), whole.options()).conv_state_out,
                            kF32Tolerance, "final conv state after 1 + 2 + 3 tokens"));
 }
 
@@ -289,14 +291,119 @@ TEST(PeerBugSkewedVarlen, OneLongAndThirtyOneTokenSequencesWithInitialStates) {
     const BackwardResult bwd = chunk_gated_delta_rule_bwd(bin, oi);
     const std::string what = spec.name() + ", " + cpu_isa_name(isa);
     EXPECT_TRUE(test::within(fwd.o, ref_fwd.o, kF32Tolerance, "o, " + what));
-    EXPECT_TRUE(test::within(fwd.final_state, ref_fwd.final_state, kF32Tolerance,
-                             "final_state, " + what));
+    EXPECT_TRUE(
+        test::within(fwd.final_state, ref_fwd.final_state, kF32Tolerance, "final_state, " + what));
     for (const auto& [name, got, want] :
          {std::tuple{"dq", &bwd.dq, &ref_bwd.dq}, std::tuple{"dk", &bwd.dk, &ref_bwd.dk},
           std::tuple{"dv", &bwd.dv, &ref_bwd.dv}, std::tuple{"dg", &bwd.dg, &ref_bwd.dg},
           std::tuple{"dbeta", &bwd.dbeta, &ref_bwd.dbeta},
           std::tuple{"d_initial_state", &bwd.d_initial_state, &ref_bwd.d_initial_state}}) {
       EXPECT_TRUE(test::within(*got, *want, kF32Tolerance, std::string(name) + ", " + what));
+    }
+  }
+}
+
+// Speculative decoding (vLLM / SGLang's MTP paths): over 1000 steps, a decode window of
+// 1 + 3 tokens per sequence, of which a seeded random 1 to 4 are accepted, continued from the
+// slot of the last accepted token (read_offsets), gives the outputs of the accepted tokens and
+// the states after them bit for bit equal to plain one-token decodes of the accepted tokens
+// alone: acceptance never degrades. Two sequences per step, each checked on its own (SGLang
+// shipped a decode kernel that read sequence 0's beta for every sequence).
+TEST(PeerBugSpeculative, AcceptedTokensOver1000StepsEqualPlainDecodesBitForBit) {
+  constexpr std::int64_t kHk = 1, kHv = 2, kDk = 16, kDv = 16, kTaps = 4, kSpec = 3;
+  constexpr std::int64_t kWindow = 1 + kSpec, kSeqs = 2, kSteps = 1000;
+  constexpr std::int64_t kD = 2 * kHk * kDk + kHv * kDv;
+  test::Random rng(71);
+  auto filled = [&rng](std::initializer_list<std::int64_t> shape, double lo, double hi) {
+    Tensor t(DType::f32, shape);
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      t.data<float>()[i] = static_cast<float>(rng.uniform(lo, hi));
+    }
+    return t;
+  };
+  const Tensor conv_weight = filled({kD, kTaps}, -0.5, 0.5), conv_bias = filled({kD}, -0.1, 0.1);
+  const Tensor A_log = filled({kHv}, -1.0, 1.0), dt_bias = filled({kHv}, -1.0, 1.0);
+  // Speculative pools: sequence s owns slots 1 + 4 s .. 4 + 4 s. Plain pools: slot 1 + s.
+  const std::int64_t spec_slots = 1 + kSeqs * kWindow, plain_slots = 1 + kSeqs;
+  Tensor spec_conv = filled({spec_slots, kTaps - 1, kD}, -1.0, 1.0);
+  Tensor spec_rec = filled({spec_slots, kHv, kDk, kDv}, -0.5, 0.5);
+  Tensor plain_conv(DType::f32, {plain_slots, kTaps - 1, kD});
+  Tensor plain_rec(DType::f32, {plain_slots, kHv, kDk, kDv});
+  const std::int64_t conv_slot = (kTaps - 1) * kD, rec_slot = kHv * kDk * kDv;
+  for (std::int64_t s = 0; s < kSeqs; ++s) {  // both start from the same history
+    std::memcpy(plain_conv.data<float>() + (1 + s) * conv_slot,
+                spec_conv.data<float>() + (1 + kWindow * s) * conv_slot, conv_slot * sizeof(float));
+    std::memcpy(plain_rec.data<float>() + (1 + s) * rec_slot,
+                spec_rec.data<float>() + (1 + kWindow * s) * rec_slot, rec_slot * sizeof(float));
+  }
+  StepOptions spec_options;
+  spec_options.hk = kHk;
+  spec_options.hv = kHv;
+  spec_options.dk = kDk;
+  spec_options.dv = kDv;
+  spec_options.num_spec = kSpec;
+  spec_options.threads = 1;
+  StepOptions plain_options = spec_options;
+  plain_options.num_spec = 0;
+  std::int64_t length[kSeqs] = {10, 20}, offset[kSeqs] = {0, 0};
+  for (std::int64_t step = 0; step < kSteps; ++step) {
+    const Tensor qkv = filled({kSeqs * kWindow, kD}, -1.0, 1.0);
+    const Tensor a = filled({kSeqs * kWindow, kHv}, -2.0, 2.0);
+    const Tensor b = filled({kSeqs * kWindow, kHv}, -2.0, 2.0);
+    std::int64_t qsl[kSeqs + 1] = {0, kWindow, 2 * kWindow}, slots[kSeqs] = {1, 1 + kWindow};
+    std::int64_t lens[kSeqs] = {length[0] + kWindow, length[1] + kWindow};
+    std::int64_t dist[3] = {kSeqs, kSeqs, kSeqs};
+    StepInputs in{qkv.view(),
+                  a.view(),
+                  b.view(),
+                  conv_weight.view(),
+                  conv_bias.view(),
+                  A_log.view(),
+                  dt_bias.view(),
+                  TensorView(qsl, {kSeqs + 1}),
+                  TensorView(slots, {kSeqs}),
+                  TensorView(lens, {kSeqs}),
+                  TensorView(dist, {3}),
+                  TensorView(offset, {kSeqs}),
+                  {}};
+    const Tensor spec_out =
+        fused_gdn_step(in, {spec_conv.mutable_view(), spec_rec.mutable_view()}, spec_options);
+    for (std::int64_t s = 0; s < kSeqs; ++s) {
+      const auto accepted = static_cast<std::int64_t>(1 + rng.next() % kWindow);
+      for (std::int64_t j = 0; j < accepted; ++j) {
+        const std::int64_t row = s * kWindow + j;
+        std::int64_t one_qsl[2] = {0, 1}, one_slot[1] = {1 + s}, one_len[1] = {length[s] + 1};
+        std::int64_t one_dist[3] = {1, 1, 1}, zero[1] = {0};
+        StepInputs one{TensorView(qkv.data<float>() + row * kD, {1, kD}),
+                       TensorView(a.data<float>() + row * kHv, {1, kHv}),
+                       TensorView(b.data<float>() + row * kHv, {1, kHv}),
+                       conv_weight.view(),
+                       conv_bias.view(),
+                       A_log.view(),
+                       dt_bias.view(),
+                       TensorView(one_qsl, {2}),
+                       TensorView(one_slot, {1}),
+                       TensorView(one_len, {1}),
+                       TensorView(one_dist, {3}),
+                       TensorView(zero, {1}),
+                       {}};
+        const Tensor plain_out = fused_gdn_step(
+            one, {plain_conv.mutable_view(), plain_rec.mutable_view()}, plain_options);
+        ASSERT_EQ(0, std::memcmp(plain_out.data<float>(), spec_out.data<float>() + row * kHv * kDv,
+                                 kHv * kDv * sizeof(float)))
+            << "out of sequence " << s << ", window token " << j << ", step " << step;
+        length[s] += 1;
+      }
+      const std::int64_t kept = slots[s] + accepted - 1;
+      ASSERT_EQ(0, std::memcmp(plain_rec.data<float>() + (1 + s) * rec_slot,
+                               spec_rec.data<float>() + kept * rec_slot, rec_slot * sizeof(float)))
+          << "recurrent state of sequence " << s << " after " << accepted << " accepted, step "
+          << step;
+      ASSERT_EQ(0,
+                std::memcmp(plain_conv.data<float>() + (1 + s) * conv_slot,
+                            spec_conv.data<float>() + kept * conv_slot, conv_slot * sizeof(float)))
+          << "conv state of sequence " << s << " after " << accepted << " accepted, step " << step;
+      offset[s] = accepted - 1;  // the next window reads the last accepted token's slot
     }
   }
 }
@@ -345,9 +452,9 @@ TEST(PeerBugB2, MoreThan65535SequenceHeadsEqualTwoHalves) {
     EXPECT_EQ(0, std::memcmp(r.o.data<float>(), whole.o.data<float>() + t0 * spec.hv * spec.dv,
                              static_cast<std::size_t>(o_elems) * sizeof(float)))
         << "o of half " << part;
-    EXPECT_EQ(0, std::memcmp(r.final_state.data<float>(),
-                             whole.final_state.data<float>() + s0 * state,
-                             static_cast<std::size_t>((s1 - s0) * state) * sizeof(float)))
+    EXPECT_EQ(0,
+              std::memcmp(r.final_state.data<float>(), whole.final_state.data<float>() + s0 * state,
+                          static_cast<std::size_t>((s1 - s0) * state) * sizeof(float)))
         << "final states of half " << part;
   }
 }
