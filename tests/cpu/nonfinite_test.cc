@@ -1,0 +1,181 @@
+// nonfinite_test.cc: a NaN or an Inf in one sequence's inputs (or cotangents, or initial
+// states) never changes another sequence's outputs, final states or gradients, bit for bit, in
+// the core op's forward and backward and the layer op's forward and backward, on every ISA
+// variant this CPU runs (issue 16, requirement 5; the serving step's case is
+// CpuStep.NanInAnotherSlotChangesNothing). Parameter gradients (conv weight and bias, A_log,
+// dt_bias) are sums over every sequence and take the NaN by definition; they are not checked.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/isas.h"
+#include "common/layer_problem.h"
+#include "common/problem.h"
+
+namespace gdn {
+namespace {
+
+// Rows [row0, row1) of a tensor whose first dimension is tokens (or sequences), `row` elements
+// each: equal bit for bit in a and b.
+::testing::AssertionResult rows_identical(const Tensor& a, const Tensor& b, std::int64_t row0,
+                                          std::int64_t row1, const std::string& what) {
+  const std::int64_t row = a.numel() / a.size(0);
+  const std::size_t bytes = static_cast<std::size_t>((row1 - row0) * row) * dtype_size(a.dtype());
+  if (std::memcmp(static_cast<const std::byte*>(a.raw()) + row0 * row * dtype_size(a.dtype()),
+                  static_cast<const std::byte*>(b.raw()) + row0 * row * dtype_size(b.dtype()),
+                  bytes) == 0) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << what << ": rows " << row0 << " to " << row1 << " changed";
+}
+
+// Writes `bad` into element `index` of row `row` of t (float32).
+void poison(Tensor& t, std::int64_t row, std::int64_t index, float bad) {
+  const std::int64_t per_row = t.numel() / t.size(0);
+  t.data<float>()[row * per_row + index % per_row] = bad;
+}
+
+const float kBad[] = {std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()};
+
+BackwardInputs core_backward_inputs(const test::Problem& p, const test::Cotangents& c) {
+  BackwardInputs in;
+  in.q = p.q.view();
+  in.k = p.k.view();
+  in.v = p.v.view();
+  in.g = p.g.view();
+  in.beta = p.beta.view();
+  in.initial_state = p.h0.view();
+  in.cu_seqlens = p.cu_seqlens.view();
+  in.d_o = c.d_o.view();
+  in.d_final_state = c.d_ht.view();
+  return in;
+}
+
+// Sequences of 40, 70 and 33 tokens (chunk 32: each spans chunks of its own); sequence 1 gets a
+// non-finite value in each of q, k, v, g, beta, its initial state, d_o and d_final_state.
+TEST(NonFinite, CoreOpOneSequencesNanOrInfLeavesTheOthersBitIdentical) {
+  test::ProblemSpec spec;
+  spec.lengths = {40, 70, 33};
+  spec.hk = 2;
+  spec.hv = 4;
+  spec.dk = 16;
+  spec.dv = 16;
+  spec.initial_state = true;
+  spec.l2norm = true;
+  spec.seed = 81;
+  const std::int64_t first = 40, last = 110;  // sequence 1's tokens
+  for (float bad : kBad) {
+    test::Problem clean = test::make_problem(spec);
+    test::Problem dirty = test::make_problem(spec);
+    const test::Cotangents clean_c = test::make_cotangents(clean, 82);
+    test::Cotangents dirty_c = test::make_cotangents(dirty, 82);
+    poison(dirty.q, first + 3, 5, bad);
+    poison(dirty.k, first + 50, 17, bad);
+    poison(dirty.v, last - 1, 9, bad);
+    poison(dirty.g, first + 20, 1, bad);
+    poison(dirty.beta, first + 33, 2, bad);
+    poison(dirty.h0, 1, 100, bad);
+    poison(dirty_c.d_o, first + 7, 30, bad);
+    poison(dirty_c.d_ht, 1, 7, bad);
+    for (CpuIsa isa : test::runnable_isas()) {
+      ForwardOptions o = clean.options();
+      o.isa = isa;
+      o.chunk_size = 32;
+      const std::string what = std::string(cpu_isa_name(isa)) + ", " + std::to_string(bad);
+      const ForwardResult fc = chunk_gated_delta_rule_fwd(clean.inputs(), o);
+      const ForwardResult fd = chunk_gated_delta_rule_fwd(dirty.inputs(), o);
+      const BackwardResult bc = chunk_gated_delta_rule_bwd(core_backward_inputs(clean, clean_c), o);
+      const BackwardResult bd = chunk_gated_delta_rule_bwd(core_backward_inputs(dirty, dirty_c), o);
+      for (const auto& [name, c, d] :
+           {std::tuple{"o", &fc.o, &fd.o}, std::tuple{"dq", &bc.dq, &bd.dq},
+            std::tuple{"dk", &bc.dk, &bd.dk}, std::tuple{"dv", &bc.dv, &bd.dv},
+            std::tuple{"dg", &bc.dg, &bd.dg}, std::tuple{"dbeta", &bc.dbeta, &bd.dbeta}}) {
+        EXPECT_TRUE(
+            rows_identical(*c, *d, 0, first, std::string(name) + " of sequence 0, " + what));
+        EXPECT_TRUE(rows_identical(*c, *d, last, c->size(0),
+                                   std::string(name) + " of sequence 2, " + what));
+      }
+      for (const auto& [name, c, d] :
+           {std::tuple{"final_state", &fc.final_state, &fd.final_state},
+            std::tuple{"d_initial_state", &bc.d_initial_state, &bd.d_initial_state}}) {
+        EXPECT_TRUE(rows_identical(*c, *d, 0, 1, std::string(name) + " of sequence 0, " + what));
+        EXPECT_TRUE(rows_identical(*c, *d, 2, 3, std::string(name) + " of sequence 2, " + what));
+      }
+      // The poison reached sequence 1 (else the test proves nothing).
+      EXPECT_FALSE(std::isfinite(fd.o.data<float>()[(first + 3) * spec.hv * spec.dv + 5]) &&
+                   std::isfinite(fd.final_state.data<float>()[spec.hv * spec.dk * spec.dv]))
+          << what;
+    }
+  }
+}
+
+// The layer op: sequences of 5, 2 and 70 tokens with both initial states; the middle one (2
+// tokens: shorter than K - 1, so its conv state passes through) gets a non-finite value in qkv,
+// a, b, its conv and recurrent states and its cotangents.
+TEST(NonFinite, LayerOpOneSequencesNanOrInfLeavesTheOthersBitIdentical) {
+  test::LayerSpec spec;
+  spec.lengths = {5, 2, 70};
+  spec.hk = 2;
+  spec.hv = 4;
+  spec.dk = 16;
+  spec.dv = 8;
+  spec.conv_state = true;
+  spec.recurrent_state = true;
+  spec.seed = 91;
+  const std::int64_t first = 5, last = 7;
+  for (float bad : kBad) {
+    const test::LayerProblem clean = test::make_layer_problem(spec);
+    test::LayerProblem dirty = test::make_layer_problem(spec);
+    poison(dirty.qkv, first, 3, bad);
+    poison(dirty.a, first + 1, 1, bad);
+    poison(dirty.b, first, 2, bad);
+    poison(dirty.conv_state, 1, 40, bad);
+    poison(dirty.recurrent_state, 1, 77, bad);
+    poison(dirty.d_out, first + 1, 4, bad);
+    poison(dirty.d_conv_state_out, 1, 9, bad);
+    poison(dirty.d_recurrent_state_out, 1, 5, bad);
+    for (CpuIsa isa : test::runnable_isas()) {
+      LayerOptions o = clean.options();
+      o.isa = isa;
+      const std::string what = std::string(cpu_isa_name(isa)) + ", " + std::to_string(bad);
+      auto run = [&o](const test::LayerProblem& p) {
+        const LayerBackwardInputs in{p.inputs(),
+                                     p.d_out.view(),
+                                     p.d_conv_state_out.view(),
+                                     p.d_recurrent_state_out.view(),
+                                     {},
+                                     {}};
+        return std::pair{fused_gdn_fwd(p.inputs(), o), fused_gdn_bwd(in, o)};
+      };
+      const auto [fc, bc] = run(clean);
+      const auto [fd, bd] = run(dirty);
+      for (const auto& [name, c, d] :
+           {std::tuple{"out", &fc.out, &fd.out}, std::tuple{"d_qkv", &bc.d_qkv, &bd.d_qkv},
+            std::tuple{"d_a", &bc.d_a, &bd.d_a}, std::tuple{"d_b", &bc.d_b, &bd.d_b}}) {
+        EXPECT_TRUE(
+            rows_identical(*c, *d, 0, first, std::string(name) + " of sequence 0, " + what));
+        EXPECT_TRUE(rows_identical(*c, *d, last, c->size(0),
+                                   std::string(name) + " of sequence 2, " + what));
+      }
+      for (const auto& [name, c, d] :
+           {std::tuple{"conv_state_out", &fc.conv_state_out, &fd.conv_state_out},
+            std::tuple{"recurrent_state_out", &fc.recurrent_state_out, &fd.recurrent_state_out},
+            std::tuple{"d_conv_state", &bc.d_conv_state, &bd.d_conv_state},
+            std::tuple{"d_recurrent_state", &bc.d_recurrent_state, &bd.d_recurrent_state}}) {
+        EXPECT_TRUE(rows_identical(*c, *d, 0, 1, std::string(name) + " of sequence 0, " + what));
+        EXPECT_TRUE(rows_identical(*c, *d, 2, 3, std::string(name) + " of sequence 2, " + what));
+      }
+      EXPECT_FALSE(std::isfinite(fd.recurrent_state_out.data<float>()[spec.hv * spec.dk * spec.dv]))
+          << "the poison did not reach sequence 1's state, " << what;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gdn
