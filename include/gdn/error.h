@@ -7,6 +7,11 @@
 //   128]
 // Failures that are not the caller's fault (allocation, an ISA the CPU lacks when forced
 // through the environment) throw gdn::RuntimeError (a std::runtime_error).
+// The optional check mode (ForwardOptions::check_finite, LayerOptions::check_finite, or the
+// environment variable GDN_CHECK_FINITE=1) throws gdn::NonFiniteError, a gdn::RuntimeError,
+// for the first NaN or Inf among a call's inputs (before anything is written) or, after the
+// call, among its outputs, e.g.
+//   gdn: check_finite: input 'g' holds nan at [41, 3] (nothing was written)
 #pragma once
 
 #include <stdexcept>
@@ -29,6 +34,17 @@ class InvalidArgument : public std::invalid_argument {
 class RuntimeError : public std::runtime_error {
  public:
   explicit RuntimeError(const std::string& what) : std::runtime_error("gdn: " + what) {}
+};
+
+class NonFiniteError : public RuntimeError {
+ public:
+  NonFiniteError(std::string tensor, std::string index, double value, bool output);
+
+  const std::string& tensor() const { return tensor_; }  // the argument's name, e.g. "q"
+  const std::string& index() const { return index_; }    // its position, e.g. "[41, 3]"
+
+ private:
+  std::string tensor_, index_;
 };
 
 }  // namespace gdn

@@ -58,6 +58,11 @@ struct ForwardOptions {
   Algorithm algorithm = Algorithm::automatic;
   CpuIsa isa = CpuIsa::automatic;
   MatmulPrecision matmul_precision = MatmulPrecision::compute;
+  // Check mode: scan the inputs before the call and the outputs after it, and throw
+  // gdn::NonFiniteError naming the first NaN or Inf and its position (gdn/error.h). Also on
+  // for every call when the environment variable GDN_CHECK_FINITE is 1. Costs a pass over
+  // every input and output (off by default).
+  bool check_finite = false;
 };
 
 // Inputs. Two layouts, chosen by the rank of q:

@@ -33,6 +33,11 @@ struct LayerOptions {
   CpuIsa isa = CpuIsa::automatic;
   // Of the gated delta rule's matrix products (gdn/forward.h).
   MatmulPrecision matmul_precision = MatmulPrecision::compute;
+  // Check mode, as ForwardOptions::check_finite (gdn/forward.h): the first NaN or Inf of the
+  // inputs (before anything is written) or the outputs (after) throws gdn::NonFiniteError.
+  // A serving step (gdn/step.h) checks qkv, a, b and out over its live tokens and the
+  // parameters; not the pools (their other slots belong to other sequences).
+  bool check_finite = false;
 };
 
 // Inputs, packed layout (sequences back to back; cu_seqlens as in gdn/forward.h). One float

@@ -1,6 +1,7 @@
 // backward.cc: the public backward entry points: validate once, then dispatch.
 #include "gdn/backward.h"
 
+#include "api/check_finite.h"
 #include "api/validate.h"
 #include "cpu/backward.h"
 #include "cpu/float_env.h"
@@ -36,8 +37,31 @@ void chunk_gated_delta_rule_bwd(const BackwardInputs& inputs, const BackwardOutp
                                 const ForwardOptions& options) {
   detail::ValidatedBackward validated;
   detail::validate_backward(inputs, outputs, options, detail::OutputPrecision::native, &validated);
-  const cpu::SubnormalsAsZero mode;
-  cpu::backward(validated.problem, options.isa);
+  const bool check = detail::check_finite_enabled(options.check_finite);
+  if (check) {
+    detail::check_finite({{"q", inputs.q},
+                          {"k", inputs.k},
+                          {"v", inputs.v},
+                          {"g", inputs.g},
+                          {"beta", inputs.beta},
+                          {"initial_state", inputs.initial_state},
+                          {"d_o", inputs.d_o},
+                          {"d_final_state", inputs.d_final_state}},
+                         false);
+  }
+  {
+    const cpu::SubnormalsAsZero mode;
+    cpu::backward(validated.problem, options.isa);
+  }
+  if (check) {
+    detail::check_finite({{"dq", outputs.dq},
+                          {"dk", outputs.dk},
+                          {"dv", outputs.dv},
+                          {"dg", outputs.dg},
+                          {"dbeta", outputs.dbeta},
+                          {"d_initial_state", outputs.d_initial_state}},
+                         true);
+  }
 }
 
 BackwardResult chunk_gated_delta_rule_bwd(const BackwardInputs& inputs,

@@ -1,6 +1,7 @@
 // forward.cc: the public forward entry points: validate once, then dispatch.
 #include "gdn/forward.h"
 
+#include "api/check_finite.h"
 #include "api/validate.h"
 #include "cpu/float_env.h"
 #include "cpu/forward.h"
@@ -44,8 +45,21 @@ void chunk_gated_delta_rule_fwd(const ForwardInputs& inputs, const ForwardOutput
                                 const ForwardOptions& options) {
   detail::ValidatedForward validated;
   detail::validate_forward(inputs, outputs, options, detail::OutputPrecision::native, &validated);
-  const cpu::SubnormalsAsZero mode;
-  cpu::forward(validated.problem, options.isa);
+  const bool check = detail::check_finite_enabled(options.check_finite);
+  if (check) {
+    detail::check_finite({{"q", inputs.q},
+                          {"k", inputs.k},
+                          {"v", inputs.v},
+                          {"g", inputs.g},
+                          {"beta", inputs.beta},
+                          {"initial_state", inputs.initial_state}},
+                         false);
+  }
+  {
+    const cpu::SubnormalsAsZero mode;
+    cpu::forward(validated.problem, options.isa);
+  }
+  if (check) detail::check_finite({{"o", outputs.o}, {"final_state", outputs.final_state}}, true);
 }
 
 namespace detail {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "api/check_finite.h"
 #include "api/conv_parts.h"
 #include "api/layer_parts.h"
 #include "api/validate.h"
@@ -187,6 +188,19 @@ void layer_backward(const LayerBackwardInputs& in, const LayerBackwardOutputs& o
                                      out.d_conv_state);
 }
 
+void check_layer_inputs(const LayerInputs& in) {
+  detail::check_finite({{"qkv", in.qkv},
+                        {"a", in.a},
+                        {"b", in.b},
+                        {"conv_weight", in.conv_weight},
+                        {"conv_bias", in.conv_bias},
+                        {"A_log", in.A_log},
+                        {"dt_bias", in.dt_bias},
+                        {"conv_state", in.conv_state},
+                        {"recurrent_state", in.recurrent_state}},
+                       false);
+}
+
 }  // namespace
 
 ForwardShape fused_gdn_shape(const LayerInputs& inputs, const LayerOptions& options) {
@@ -199,11 +213,21 @@ void fused_gdn_fwd(const LayerInputs& inputs, const LayerOutputs& outputs,
                    const LayerOptions& options) {
   detail::ValidatedLayer v;
   detail::validate_layer_forward(inputs, outputs, options, detail::OutputPrecision::native, &v);
-  const cpu::SubnormalsAsZero mode;
-  if (v.dtype == DType::f64) {
-    layer_forward<double>(inputs, outputs, options, v);
-  } else {
-    layer_forward<float>(inputs, outputs, options, v);
+  const bool check = detail::check_finite_enabled(options.check_finite);
+  if (check) check_layer_inputs(inputs);
+  {
+    const cpu::SubnormalsAsZero mode;
+    if (v.dtype == DType::f64) {
+      layer_forward<double>(inputs, outputs, options, v);
+    } else {
+      layer_forward<float>(inputs, outputs, options, v);
+    }
+  }
+  if (check) {
+    detail::check_finite({{"out", outputs.out},
+                          {"conv_state_out", outputs.conv_state_out},
+                          {"recurrent_state_out", outputs.recurrent_state_out}},
+                         true);
   }
 }
 
@@ -230,11 +254,33 @@ void fused_gdn_bwd(const LayerBackwardInputs& inputs, const LayerBackwardOutputs
                    const LayerOptions& options) {
   detail::ValidatedLayer v;
   detail::validate_layer_backward(inputs, outputs, options, detail::OutputPrecision::native, &v);
-  const cpu::SubnormalsAsZero mode;
-  if (v.dtype == DType::f64) {
-    layer_backward<double>(inputs, outputs, options, v);
-  } else {
-    layer_backward<float>(inputs, outputs, options, v);
+  const bool check = detail::check_finite_enabled(options.check_finite);
+  if (check) {
+    check_layer_inputs(inputs.forward);
+    detail::check_finite({{"d_out", inputs.d_out},
+                          {"d_conv_state_out", inputs.d_conv_state_out},
+                          {"d_recurrent_state_out", inputs.d_recurrent_state_out}},
+                         false);
+  }
+  {
+    const cpu::SubnormalsAsZero mode;
+    if (v.dtype == DType::f64) {
+      layer_backward<double>(inputs, outputs, options, v);
+    } else {
+      layer_backward<float>(inputs, outputs, options, v);
+    }
+  }
+  if (check) {
+    detail::check_finite({{"d_qkv", outputs.d_qkv},
+                          {"d_a", outputs.d_a},
+                          {"d_b", outputs.d_b},
+                          {"d_conv_weight", outputs.d_conv_weight},
+                          {"d_conv_bias", outputs.d_conv_bias},
+                          {"d_A_log", outputs.d_A_log},
+                          {"d_dt_bias", outputs.d_dt_bias},
+                          {"d_conv_state", outputs.d_conv_state},
+                          {"d_recurrent_state", outputs.d_recurrent_state}},
+                         true);
   }
 }
 

@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "api/check_finite.h"
 #include "api/layer_parts.h"
 #include "api/step_plan.h"
 #include "api/validate.h"
@@ -375,12 +376,28 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
   validate_step(inputs, pools, out, options, OutputPrecision::native, &v);
   // Planned before anything is written: a forced split the batch cannot take throws here.
   const Plan plan = decode_plan(options, v, force);
-  const cpu::SubnormalsAsZero mode;
-  if (v.layer.dtype == DType::f64) {
-    step_cpu<double>(inputs, pools, out, options, v, plan);
-  } else {
-    step_cpu<float>(inputs, pools, out, options, v, plan);
+  const bool check = check_finite_enabled(options.check_finite);
+  // Only the live tokens: Tokamax's padding rows may hold anything.
+  const std::int64_t live = v.query_start[static_cast<std::size_t>(v.mixed_end)];
+  if (check) {
+    check_finite({{"qkv", inputs.qkv, live},
+                  {"a", inputs.a, live},
+                  {"b", inputs.b, live},
+                  {"conv_weight", inputs.conv_weight},
+                  {"conv_bias", inputs.conv_bias},
+                  {"A_log", inputs.A_log},
+                  {"dt_bias", inputs.dt_bias}},
+                 false);
   }
+  {
+    const cpu::SubnormalsAsZero mode;
+    if (v.layer.dtype == DType::f64) {
+      step_cpu<double>(inputs, pools, out, options, v, plan);
+    } else {
+      step_cpu<float>(inputs, pools, out, options, v, plan);
+    }
+  }
+  if (check) check_finite({{"out", out, live}}, true);
 }
 
 }  // namespace detail

@@ -15,6 +15,7 @@
 #include "common/isas.h"
 #include "common/layer_problem.h"
 #include "common/problem.h"
+#include "step_harness.h"
 
 namespace gdn {
 namespace {
@@ -175,6 +176,141 @@ TEST(NonFinite, LayerOpOneSequencesNanOrInfLeavesTheOthersBitIdentical) {
           << "the poison did not reach sequence 1's state, " << what;
     }
   }
+}
+
+// The error a call throws, or an empty text when it returns.
+template <class Call>
+std::string non_finite_message(Call&& call, std::string* tensor = nullptr,
+                               std::string* index = nullptr) {
+  try {
+    call();
+  } catch (const NonFiniteError& e) {
+    if (tensor) *tensor = e.tensor();
+    if (index) *index = e.index();
+    return e.what();
+  }
+  return "";
+}
+
+// Check mode, core op: a NaN in g at token 41, head 3 is named with its position before
+// anything is written (o and the final state keep their sentinel); without the mode the call
+// runs; a finite input whose output overflows (scale 1e30) is named as an output.
+TEST(CheckFinite, CoreForwardNamesTheFirstNonFiniteInputAndWritesNothing) {
+  test::ProblemSpec spec;
+  spec.lengths = {30, 40};
+  spec.hk = 2;
+  spec.hv = 4;
+  spec.dk = 8;
+  spec.dv = 8;
+  spec.seed = 95;
+  test::Problem p = test::make_problem(spec);
+  p.g.data<float>()[41 * spec.hv + 3] = std::numeric_limits<float>::quiet_NaN();
+  p.g.data<float>()[60 * spec.hv + 0] = std::numeric_limits<float>::infinity();  // not the first
+  ForwardOptions o = p.options();
+  o.check_finite = true;
+  const ForwardShape shape = forward_shape(p.inputs(), o);
+  Tensor out(DType::f32, shape.o_rank(), shape.o_sizes());
+  Tensor state(DType::f32, 4, shape.state_sizes());
+  for (Tensor* t : {&out, &state}) {
+    for (std::int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] = 7.0f;
+  }
+  std::string tensor, index;
+  const std::string message = non_finite_message(
+      [&] {
+        chunk_gated_delta_rule_fwd(p.inputs(), {out.mutable_view(), state.mutable_view(), {}, {}},
+                                   o);
+      },
+      &tensor, &index);
+  EXPECT_EQ(tensor, "g");
+  EXPECT_EQ(index, "[41, 3]");
+  EXPECT_NE(message.find("input 'g' holds nan at [41, 3] (nothing was written)"), std::string::npos)
+      << message;
+  for (const Tensor* t : {&out, &state}) {
+    for (std::int64_t i = 0; i < t->numel(); ++i) ASSERT_EQ(t->data<float>()[i], 7.0f) << i;
+  }
+  o.check_finite = false;
+  EXPECT_EQ(non_finite_message([&] { chunk_gated_delta_rule_fwd(p.inputs(), o); }), "");
+
+  // Finite inputs whose output overflows: v of 1e20 read by q scaled by 1e30.
+  test::Problem finite = test::make_problem(spec);
+  for (std::int64_t i = 0; i < finite.v.numel(); ++i) finite.v.data<float>()[i] *= 1e20f;
+  ForwardOptions huge = finite.options();
+  huge.check_finite = true;
+  huge.scale = 1e30;
+  EXPECT_EQ(non_finite_message([&] { chunk_gated_delta_rule_fwd(finite.inputs(), huge); }, &tensor,
+                               &index)
+                .find("output 'o' holds"),
+            0u + std::string("gdn: check_finite: ").size());
+  EXPECT_EQ(tensor, "o");
+}
+
+// Check mode, core backward and the layer op: a NaN in a cotangent or a state is named.
+TEST(CheckFinite, BackwardAndLayerNameTheirInputs) {
+  test::ProblemSpec spec;
+  spec.lengths = {20};
+  spec.hk = 1;
+  spec.hv = 2;
+  spec.dk = 8;
+  spec.dv = 8;
+  spec.initial_state = true;
+  const test::Problem p = test::make_problem(spec);
+  test::Cotangents c = test::make_cotangents(p, 96);
+  c.d_ht.data<float>()[1 * 64 + 2 * 8 + 5] = std::numeric_limits<float>::quiet_NaN();
+  ForwardOptions o = p.options();
+  o.check_finite = true;
+  std::string tensor, index;
+  non_finite_message([&] { chunk_gated_delta_rule_bwd(core_backward_inputs(p, c), o); }, &tensor,
+                     &index);
+  EXPECT_EQ(tensor, "d_final_state");
+  EXPECT_EQ(index, "[0, 1, 2, 5]");
+
+  test::LayerSpec ls;
+  ls.lengths = {3, 9};
+  ls.conv_state = true;
+  test::LayerProblem lp = test::make_layer_problem(ls);
+  const std::int64_t d = ls.channels();
+  lp.conv_state.data<float>()[(1 * (ls.taps - 1) + 2) * d + 11] =
+      -std::numeric_limits<float>::infinity();
+  LayerOptions lo = lp.options();
+  lo.check_finite = true;
+  const std::string message =
+      non_finite_message([&] { fused_gdn_fwd(lp.inputs(), lo); }, &tensor, &index);
+  EXPECT_EQ(tensor, "conv_state");
+  EXPECT_EQ(index, "[1, 2, 11]");
+  EXPECT_NE(message.find("holds -inf"), std::string::npos) << message;
+}
+
+// Check mode, serving step: NaN in a padding token's row (past the live tokens) is not an
+// error; NaN in a live token's row is, and both pools are left as they were.
+TEST(CheckFinite, StepLooksAtLiveTokensOnlyAndLeavesThePoolsOnError) {
+  using namespace step_test;
+  StepSpec spec;
+  spec.num_slots = 6;
+  spec.decodes = {{1, 1, 5}};
+  spec.prefills = {{9, 3, 0}};
+  spec.trailing = 4;
+  StepProblem p = make_step_problem(spec);
+  const std::int64_t d = spec.channels();
+  const std::int64_t live = p.query_start_loc[p.mixed_end()];
+  p.qkv.data<float>()[(live + 2) * d + 7] = std::numeric_limits<float>::quiet_NaN();
+  StepOptions o = p.options();
+  o.check_finite = true;
+  EXPECT_EQ(non_finite_message([&] { run_step(p, o); }), "");
+
+  p.qkv.data<float>()[4 * d + 7] = std::numeric_limits<float>::quiet_NaN();
+  Tensor conv = clone(p.conv_pool), rec = clone(p.rec_pool);
+  Tensor out(DType::f32, {p.tokens, spec.hv * spec.dv});
+  std::string tensor, index;
+  non_finite_message(
+      [&] {
+        fused_gdn_step(p.inputs(), {conv.mutable_view(), rec.mutable_view()}, out.mutable_view(),
+                       o);
+      },
+      &tensor, &index);
+  EXPECT_EQ(tensor, "qkv");
+  EXPECT_EQ(index, "[4, 7]");
+  EXPECT_TRUE(rows_identical(conv, p.conv_pool, 0, conv.size(0), "conv pool"));
+  EXPECT_TRUE(rows_identical(rec, p.rec_pool, 0, rec.size(0), "recurrent pool"));
 }
 
 }  // namespace

@@ -1,0 +1,111 @@
+// check_finite.cc: the non-finite check mode's scan (check_finite.h).
+#include "api/check_finite.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "common/half_bits.h"
+#include "gdn/error.h"
+
+namespace gdn {
+
+namespace {
+
+std::string describe(double value) {
+  if (std::isnan(value)) return "nan";
+  return value > 0 ? "inf" : "-inf";
+}
+
+}  // namespace
+
+NonFiniteError::NonFiniteError(std::string tensor, std::string index, double value, bool output)
+    : RuntimeError("check_finite: " + std::string(output ? "output" : "input") + " '" + tensor +
+                   "' holds " + describe(value) + " at " + index +
+                   (output ? " (the call's outputs are written)" : " (nothing was written)")),
+      tensor_(std::move(tensor)),
+      index_(std::move(index)) {}
+
+namespace detail {
+
+bool check_finite_enabled(bool option) {
+  static const bool from_environment = [] {
+    const char* value = std::getenv("GDN_CHECK_FINITE");
+    return value != nullptr && std::strcmp(value, "1") == 0;
+  }();
+  return option || from_environment;
+}
+
+namespace {
+
+// The element at flat offset `at` (in elements) of a view, widened to double.
+double element(const TensorView& t, std::int64_t at) {
+  const auto* base = static_cast<const std::byte*>(t.data);
+  switch (t.dtype) {
+    case DType::f32: {
+      float x;
+      std::memcpy(&x, base + at * 4, 4);
+      return x;
+    }
+    case DType::f64: {
+      double x;
+      std::memcpy(&x, base + at * 8, 8);
+      return x;
+    }
+    case DType::bf16: {
+      std::uint16_t h;
+      std::memcpy(&h, base + at * 2, 2);
+      return float_from_bf16(h);
+    }
+    case DType::f16: {
+      std::uint16_t h;
+      std::memcpy(&h, base + at * 2, 2);
+      return float_from_f16(h);
+    }
+    default:
+      return 0.0;  // integer tensors are never non-finite
+  }
+}
+
+std::string index_text(const std::int64_t* index, int rank) {
+  std::string s = "[";
+  for (int d = 0; d < rank; ++d) s += (d ? ", " : "") + std::to_string(index[d]);
+  return s + "]";
+}
+
+void scan(const NamedTensor& named, bool outputs) {
+  const TensorView& t = named.view;
+  if (!t.present() || t.numel() == 0) return;
+  if (t.dtype != DType::f32 && t.dtype != DType::f64 && t.dtype != DType::bf16 &&
+      t.dtype != DType::f16) {
+    return;
+  }
+  Dims extent = t.sizes;
+  if (named.rows >= 0 && named.rows < extent[0]) extent[0] = named.rows;
+  for (int d = 0; d < t.rank; ++d) {
+    if (extent[d] == 0) return;
+  }
+  std::int64_t index[kMaxRank] = {};
+  while (true) {
+    std::int64_t at = 0;
+    for (int d = 0; d < t.rank; ++d) at += index[d] * t.strides[d];
+    const double x = element(t, at);
+    if (!std::isfinite(x)) {
+      throw NonFiniteError(named.name, index_text(index, t.rank), x, outputs);
+    }
+    int d = t.rank - 1;
+    while (d >= 0 && ++index[d] == extent[d]) index[d--] = 0;
+    if (d < 0) return;
+  }
+}
+
+}  // namespace
+
+void check_finite(std::initializer_list<NamedTensor> tensors, bool outputs) {
+  for (const NamedTensor& t : tensors) scan(t, outputs);
+}
+
+}  // namespace detail
+}  // namespace gdn
