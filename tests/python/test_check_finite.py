@@ -1,0 +1,58 @@
+"""The C++ check mode (GDN_CHECK_FINITE=1, docs/numerics.md "Non-finite values") reaches
+Python: a NaN in an input of gdn.jax's and gdn.torch's ops raises with the library's message
+naming the argument and its position. The variable is read once per process, so each case
+runs in a child process."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+_JAX = """
+import numpy as np, jax.numpy as jnp, gdn.jax
+rng = np.random.default_rng(0)
+q = jnp.asarray(rng.standard_normal((1, 20, 1, 8)), jnp.float32)
+v = jnp.asarray(rng.standard_normal((1, 20, 2, 8)), jnp.float32)
+g = np.full((1, 20, 2), -0.1, np.float32); g[0, 13, 1] = np.nan
+beta = jnp.full((1, 20, 2), 0.5, jnp.float32)
+try:
+    o, _ = gdn.jax.chunk_gated_delta_rule(q, q, v, jnp.asarray(g), beta)
+    o.block_until_ready()
+    print("no error")
+except Exception as e:
+    print(type(e).__name__, str(e))
+"""
+
+_TORCH = """
+import torch, gdn.torch
+torch.manual_seed(0)
+q = torch.randn(1, 20, 1, 8)
+v = torch.randn(1, 20, 2, 8)
+g = torch.full((1, 20, 2), -0.1); g[0, 13, 1] = float("nan")
+beta = torch.full((1, 20, 2), 0.5)
+try:
+    gdn.torch.chunk_gated_delta_rule(q, q, v, g, beta)
+    print("no error")
+except Exception as e:
+    print(type(e).__name__, str(e))
+"""
+
+
+def _run(code, check):
+    env = dict(os.environ)
+    env.pop("GDN_CHECK_FINITE", None)
+    if check:
+        env["GDN_CHECK_FINITE"] = "1"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("code", [_JAX, _TORCH], ids=["jax", "torch"])
+def test_check_mode_names_the_nan_input_and_is_off_by_default(code):
+    if code is _TORCH:
+        pytest.importorskip("torch")
+    assert "input 'g' holds nan at [0, 13, 1] (nothing was written)" in _run(code, True)
+    assert "no error" in _run(code, False)
