@@ -2,6 +2,7 @@
 #include "api/check_finite.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -105,6 +106,47 @@ void scan(const NamedTensor& named, bool outputs) {
 
 void check_finite(std::initializer_list<NamedTensor> tensors, bool outputs) {
   for (const NamedTensor& t : tensors) scan(t, outputs);
+}
+
+void warn_expanding_keys(const TensorView& k, const TensorView& beta) {
+  const int kr = k.rank, br = beta.rank;
+  const std::int64_t batch = kr == 4 ? k.sizes[0] : 1, tokens = k.sizes[kr - 3];
+  const std::int64_t hk = k.sizes[kr - 2], dk = k.sizes[kr - 1], hv = beta.sizes[br - 1];
+  std::int64_t count = 0, first[3] = {0, 0, 0};
+  double worst_first = 0;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      for (std::int64_t h = 0; h < hv; ++h) {
+        const std::int64_t key = (kr == 4 ? b * k.strides[0] : 0) + t * k.strides[kr - 3] +
+                                 h / (hv / hk) * k.strides[kr - 2];
+        double norm2 = 0;
+        for (std::int64_t i = 0; i < dk; ++i) {
+          const double x = element(k, key + i * k.strides[kr - 1]);
+          norm2 += x * x;
+        }
+        const std::int64_t at = (br == 3 ? b * beta.strides[0] : 0) + t * beta.strides[br - 2] +
+                                h * beta.strides[br - 1];
+        const double growth = element(beta, at) * norm2;
+        if (growth > 2) {
+          if (count++ == 0) {
+            first[0] = b;
+            first[1] = t;
+            first[2] = h;
+            worst_first = growth;
+          }
+        }
+      }
+    }
+  }
+  if (count == 0) return;
+  const std::string where = kr == 4 ? index_text(first, 3) : index_text(first + 1, 2);
+  std::fprintf(stderr,
+               "gdn: check_finite: warning: beta ||k||^2 = %.3g > 2 at %s %s "
+               "(%lld such in the call; no L2 norm in the kernel): I - beta k k^T expands the "
+               "state along k, and keys that keep their direction make it grow without bound "
+               "(docs/numerics.md, \"Under stress\")\n",
+               worst_first, kr == 4 ? "[sequence, token, value head]" : "[token, value head]",
+               where.c_str(), static_cast<long long>(count));
 }
 
 }  // namespace detail

@@ -23,4 +23,10 @@ struct NamedTensor {
 // listed tensor that has one. `outputs`: the tensors are the call's results (already written).
 void check_finite(std::initializer_list<NamedTensor> tensors, bool outputs);
 
+// Check mode, the core op without the in-kernel L2 norm: writes one warning line to stderr when
+// some token and value head has beta ||k||^2 > 2, where the transition I - beta k k^T expands
+// the state along k (docs/numerics.md "Under stress": keys that keep their direction then make
+// the state grow without bound, in exact arithmetic too). k [(B,) T, Hk, Dk], beta [(B,) T, Hv].
+void warn_expanding_keys(const TensorView& k, const TensorView& beta);
+
 }  // namespace gdn::detail

@@ -54,6 +54,7 @@ void chunk_gated_delta_rule_fwd(const ForwardInputs& inputs, const ForwardOutput
                           {"beta", inputs.beta},
                           {"initial_state", inputs.initial_state}},
                          false);
+    if (!options.use_qk_l2norm) detail::warn_expanding_keys(inputs.k, inputs.beta);
   }
   {
     const cpu::SubnormalsAsZero mode;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -311,6 +312,40 @@ TEST(CheckFinite, StepLooksAtLiveTokensOnlyAndLeavesThePoolsOnError) {
   EXPECT_EQ(index, "[4, 7]");
   EXPECT_TRUE(rows_identical(conv, p.conv_pool, 0, conv.size(0), "conv pool"));
   EXPECT_TRUE(rows_identical(rec, p.rec_pool, 0, rec.size(0), "recurrent pool"));
+}
+
+// Without the in-kernel L2 norm, check mode warns (stderr, no error) about the first token and
+// value head whose beta ||k||^2 passes 2 (the transition then expands the state: docs/numerics.md
+// "Under stress"), counting all of them; unit keys, the L2 norm on, or check mode off: silent.
+TEST(CheckFinite, WarnsWhenBetaTimesKeyNormSquaredPassesTwo) {
+  test::ProblemSpec spec;
+  spec.lengths = {20};
+  spec.hk = 1;
+  spec.hv = 2;
+  spec.dk = spec.dv = 8;
+  spec.beta_lo = spec.beta_hi = 1.0;
+  spec.seed = 97;
+  test::Problem p = test::make_problem(spec);  // unit-norm keys: beta ||k||^2 = 1
+  ForwardOptions o = p.options();
+  o.check_finite = true;
+  auto stderr_of = [&](const ForwardOptions& options) {
+    ::testing::internal::CaptureStderr();
+    chunk_gated_delta_rule_fwd(p.inputs(), options);
+    return ::testing::internal::GetCapturedStderr();
+  };
+  EXPECT_EQ(stderr_of(o), "");
+  for (std::int64_t i = 0; i < spec.dk; ++i) p.k.data<float>()[7 * spec.dk + i] *= 1.5f;  // 2.25
+  const std::string warning = stderr_of(o);
+  EXPECT_NE(warning.find("beta ||k||^2 = 2.25 > 2 at [token, value head] [7, 0] (2 such"),
+            std::string::npos)
+      << warning;
+  ForwardOptions normalised = o;
+  normalised.use_qk_l2norm = true;
+  EXPECT_EQ(stderr_of(normalised), "");
+  o.check_finite = false;
+  if (std::getenv("GDN_CHECK_FINITE") == nullptr) {
+    EXPECT_EQ(stderr_of(o), "");
+  }
 }
 
 }  // namespace
