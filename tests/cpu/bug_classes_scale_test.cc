@@ -123,8 +123,8 @@ TEST(PeerBugB1, CoreForwardAndBackwardWithOffsetsPast2Pow31EqualContiguous) {
       beta(rows, 1, stride), out(rows, 16, stride), states(rows, 256, stride),
       t_inv(rows, 1, stride), d_o(rows, 16, stride), dq(rows, 16, stride), dk(rows, 16, stride),
       dv(rows, 16, stride), dg(rows, 1, stride), dbeta(rows, 1, stride);
-  for (const SpreadRows* r : {&q, &k, &v, &g, &beta, &out, &states, &t_inv, &d_o, &dq, &dk, &dv,
-                              &dg, &dbeta}) {
+  for (const SpreadRows* r :
+       {&q, &k, &v, &g, &beta, &out, &states, &t_inv, &d_o, &dq, &dk, &dv, &dg, &dbeta}) {
     ASSERT_TRUE(r->buffer.ok()) << "could not map 8 GiB of address space";
   }
   q.fill_from(p.q);
@@ -159,11 +159,11 @@ TEST(PeerBugB1, CoreForwardAndBackwardWithOffsetsPast2Pow31EqualContiguous) {
   spread.chunk_states = states.view({1, 16, 16});
   spread.t_inv = t_inv.view({1, 1, 1});
   Tensor dh0(DType::f32, {1, 1, 16, 16});
-  chunk_gated_delta_rule_bwd(spread,
-                             {dq.mutable_view({1, 16}), dk.mutable_view({1, 16}),
-                              dv.mutable_view({1, 16}), dg.mutable_view({1}),
-                              dbeta.mutable_view({1}), dh0.mutable_view()},
-                             o);
+  chunk_gated_delta_rule_bwd(
+      spread,
+      {dq.mutable_view({1, 16}), dk.mutable_view({1, 16}), dv.mutable_view({1, 16}),
+       dg.mutable_view({1}), dbeta.mutable_view({1}), dh0.mutable_view()},
+      o);
   EXPECT_TRUE(dq.equals(want_grads.dq)) << "dq";
   EXPECT_TRUE(dk.equals(want_grads.dk)) << "dk";
   EXPECT_TRUE(dv.equals(want_grads.dv)) << "dv";
@@ -236,8 +236,8 @@ TEST(PeerBugB1, ForwardOf65537SequencesEqualsReferenceAndTwoCalls) {
   const ForwardResult whole = chunk_gated_delta_rule_fwd(p.inputs(), o);
   const ForwardResult ref64 = ref::recurrent_fwd(p.inputs(), o);
   EXPECT_TRUE(test::within(whole.o, ref64.o, 1e-4, "o, 65537 sequences"));
-  EXPECT_TRUE(test::within(whole.final_state, ref64.final_state, 1e-4,
-                           "final_state, 65537 sequences"));
+  EXPECT_TRUE(
+      test::within(whole.final_state, ref64.final_state, 1e-4, "final_state, 65537 sequences"));
   const std::int64_t n = 65537, half = 32768, state = 16;
   for (int part = 0; part < 2; ++part) {
     const std::int64_t s0 = part == 0 ? 0 : half, s1 = part == 0 ? half : n;
@@ -256,9 +256,9 @@ TEST(PeerBugB1, ForwardOf65537SequencesEqualsReferenceAndTwoCalls) {
     EXPECT_EQ(0, std::memcmp(r.o.data<float>(), whole.o.data<float>() + s0 * 4,
                              static_cast<std::size_t>(len * 4) * sizeof(float)))
         << "o of part " << part;
-    EXPECT_EQ(0, std::memcmp(r.final_state.data<float>(),
-                             whole.final_state.data<float>() + s0 * state,
-                             static_cast<std::size_t>(len * state) * sizeof(float)))
+    EXPECT_EQ(0,
+              std::memcmp(r.final_state.data<float>(), whole.final_state.data<float>() + s0 * state,
+                          static_cast<std::size_t>(len * state) * sizeof(float)))
         << "final states of part " << part;
   }
 }
@@ -353,15 +353,17 @@ TEST(PeerBugA5, PaddingTailPastCuSeqlensIsRefusedAndNothingWritten) {
   }();
   try {
     chunk_gated_delta_rule_bwd(in,
-                               {grads[0].mutable_view(), grads[1].mutable_view(),
-                                grads[2].mutable_view(), grads[3].mutable_view(),
-                                grads[4].mutable_view(), {}},
+                               {grads[0].mutable_view(),
+                                grads[1].mutable_view(),
+                                grads[2].mutable_view(),
+                                grads[3].mutable_view(),
+                                grads[4].mutable_view(),
+                                {}},
                                p.options());
     ADD_FAILURE() << "a backward with cu_seqlens[N] = 12 < T = 16 was accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("cu_seqlens"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("cu_seqlens[N] = T = 16"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("cu_seqlens[N] = T = 16"), std::string::npos) << e.what();
   }
   for (std::size_t i = 0; i < grads.size(); ++i) {
     EXPECT_EQ(0, std::memcmp(grads[i].raw(), before[i].raw(),
@@ -389,30 +391,30 @@ TEST(PeerBugA5, TrailingEmptySequencesGetEveryGradientWritten) {
     ForwardOptions o = p.options();
     o.isa = isa;
     std::vector<Tensor> got;
-    for (const Tensor* t : {&want.dq, &want.dk, &want.dv, &want.dg, &want.dbeta,
-                            &want.d_initial_state}) {
+    for (const Tensor* t :
+         {&want.dq, &want.dk, &want.dv, &want.dg, &want.dbeta, &want.d_initial_state}) {
       Tensor nan(DType::f32, t->rank(), t->sizes());
       for (std::int64_t i = 0; i < nan.numel(); ++i) {
         nan.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
       }
       got.push_back(std::move(nan));
     }
-    chunk_gated_delta_rule_bwd(in,
-                               {got[0].mutable_view(), got[1].mutable_view(),
-                                got[2].mutable_view(), got[3].mutable_view(),
-                                got[4].mutable_view(), got[5].mutable_view()},
-                               o);
+    chunk_gated_delta_rule_bwd(
+        in,
+        {got[0].mutable_view(), got[1].mutable_view(), got[2].mutable_view(), got[3].mutable_view(),
+         got[4].mutable_view(), got[5].mutable_view()},
+        o);
     const char* names[6] = {"dq", "dk", "dv", "dg", "dbeta", "d_initial_state"};
-    const Tensor* wants[6] = {&want.dq, &want.dk, &want.dv, &want.dg, &want.dbeta,
-                              &want.d_initial_state};
+    const Tensor* wants[6] = {&want.dq, &want.dk,    &want.dv,
+                              &want.dg, &want.dbeta, &want.d_initial_state};
     for (int i = 0; i < 6; ++i) {
-      EXPECT_TRUE(test::within(got[i], *wants[i], 1e-4,
-                               std::string(names[i]) + ", " + cpu_isa_name(isa)));
+      EXPECT_TRUE(
+          test::within(got[i], *wants[i], 1e-4, std::string(names[i]) + ", " + cpu_isa_name(isa)));
     }
     const std::int64_t state = spec.hv * spec.dk * spec.dv;
     for (std::int64_t s = 2; s < 4; ++s) {
-      EXPECT_EQ(0, std::memcmp(got[5].data<float>() + s * state,
-                               ct.d_ht.data<float>() + s * state, state * sizeof(float)))
+      EXPECT_EQ(0, std::memcmp(got[5].data<float>() + s * state, ct.d_ht.data<float>() + s * state,
+                               state * sizeof(float)))
           << "d_initial_state of empty sequence " << s << ", " << cpu_isa_name(isa);
     }
   }

@@ -82,8 +82,8 @@ class Memory : public ::testing::Test {
     const std::int64_t rise = peak_rise(fn);
     const std::int64_t slack = kMiB + kThreads * kMiB / 2;
     std::printf("[ MEMORY   ] %s: measured %.2f MiB, formula %.2f MiB (+ %.2f MiB slack)\n",
-                what.c_str(), static_cast<double>(rise) / kMiB,
-                static_cast<double>(formula) / kMiB, static_cast<double>(slack) / kMiB);
+                what.c_str(), static_cast<double>(rise) / kMiB, static_cast<double>(formula) / kMiB,
+                static_cast<double>(slack) / kMiB);
     EXPECT_LE(rise, formula + slack) << what << ": the call's peak memory exceeds docs/memory.md";
   }
 };
@@ -158,8 +158,8 @@ TEST_F(Memory, CoreBackwardTakesOnlyItsWorkspacesUnderEachPolicy) {
         return b;
       }(),
       o);
-  for (Tensor* t : {&grads.dq, &grads.dk, &grads.dv, &grads.dg, &grads.dbeta,
-                    &grads.d_initial_state}) {
+  for (Tensor* t :
+       {&grads.dq, &grads.dk, &grads.dv, &grads.dg, &grads.dbeta, &grads.d_initial_state}) {
     touch(*t);
   }
   const BackwardOutputs views{grads.dq.mutable_view(),    grads.dk.mutable_view(),
@@ -230,8 +230,11 @@ TEST_F(Memory, LayerForwardTakesXhGatesAndWorkspaces) {
   o.threads = kThreads;
   LayerForwardResult out = fused_gdn_fwd(p.inputs(), o);
   for (Tensor* t : {&out.out, &out.conv_state_out, &out.recurrent_state_out}) touch(*t);
-  const LayerOutputs views{out.out.mutable_view(), out.conv_state_out.mutable_view(),
-                           out.recurrent_state_out.mutable_view(), {}, {}};
+  const LayerOutputs views{out.out.mutable_view(),
+                           out.conv_state_out.mutable_view(),
+                           out.recurrent_state_out.mutable_view(),
+                           {},
+                           {}};
   expect_within("layer forward", layer_forward_formula(s, layer_core_options(), false),
                 [&] { fused_gdn_fwd(p.inputs(), views, o); });
 }
@@ -245,17 +248,22 @@ TEST_F(Memory, LayerBackwardTakesTheForwardsTemporariesDxhAndWorkspaces) {
   const test::LayerProblem p = test::make_layer_problem(s);
   LayerOptions o = p.options();
   o.threads = kThreads;
-  const LayerBackwardInputs in{p.inputs(), p.d_out.view(), p.d_conv_state_out.view(),
-                               p.d_recurrent_state_out.view(), {}, {}};
+  const LayerBackwardInputs in{
+      p.inputs(), p.d_out.view(), p.d_conv_state_out.view(), p.d_recurrent_state_out.view(), {},
+      {}};
   LayerBackwardResult g = fused_gdn_bwd(in, o);
   for (Tensor* t : {&g.d_qkv, &g.d_a, &g.d_b, &g.d_conv_weight, &g.d_conv_bias, &g.d_A_log,
                     &g.d_dt_bias, &g.d_conv_state, &g.d_recurrent_state}) {
     touch(*t);
   }
-  const LayerBackwardOutputs views{g.d_qkv.mutable_view(),         g.d_a.mutable_view(),
-                                   g.d_b.mutable_view(),           g.d_conv_weight.mutable_view(),
-                                   g.d_conv_bias.mutable_view(),   g.d_A_log.mutable_view(),
-                                   g.d_dt_bias.mutable_view(),     g.d_conv_state.mutable_view(),
+  const LayerBackwardOutputs views{g.d_qkv.mutable_view(),
+                                   g.d_a.mutable_view(),
+                                   g.d_b.mutable_view(),
+                                   g.d_conv_weight.mutable_view(),
+                                   g.d_conv_bias.mutable_view(),
+                                   g.d_A_log.mutable_view(),
+                                   g.d_dt_bias.mutable_view(),
+                                   g.d_conv_state.mutable_view(),
                                    g.d_recurrent_state.mutable_view()};
   std::int64_t t = 0, items = 0;
   for (std::int64_t len : s.lengths) {
@@ -265,8 +273,9 @@ TEST_F(Memory, LayerBackwardTakesTheForwardsTemporariesDxhAndWorkspaces) {
   const std::int64_t d = s.channels(), cpad = (d + 15) / 16 * 16, k = s.taps;
   const auto n = static_cast<std::int64_t>(s.lengths.size());
   const ForwardOptions core = layer_core_options();
-  const std::int64_t forward_part = layer_forward_formula(s, core, false) -
-                                    workspaces(plan_problem(PlanOp::forward, core_of(s), false), core);
+  const std::int64_t forward_part =
+      layer_forward_formula(s, core, false) -
+      workspaces(plan_problem(PlanOp::forward, core_of(s), false), core);
   const std::int64_t formula =
       forward_part + kF32 * (t * d + 2 * t * s.hv) + kF32 * items * (k + 1) * cpad +
       kF32 * (2 * n * (k - 1) * d + (k + 1) * cpad) + kThreads * kF32 * (2 * k - 1 + 48) * cpad +
@@ -334,9 +343,9 @@ TEST_F(Memory, PrefillStepTakesGatheredStatesAndTheLayerForwards) {
   l.taps = spec.taps;
   l.conv_state = true;
   const std::int64_t count = 2, d = spec.channels();
-  const std::int64_t formula =
-      8 * (count + 1) + kF32 * count * ((spec.taps - 1) * d + spec.hv * spec.dk * spec.dv) +
-      layer_forward_formula(l, layer_core_options(), false);
+  const std::int64_t formula = 8 * (count + 1) +
+                               kF32 * count * ((spec.taps - 1) * d + spec.hv * spec.dk * spec.dv) +
+                               layer_forward_formula(l, layer_core_options(), false);
   const StatePools pools{p.conv_pool.mutable_view(), p.rec_pool.mutable_view()};
   expect_within("2 prefills of 4000 and 3000 tokens", formula,
                 [&] { fused_gdn_step(p.inputs(), pools, out.mutable_view(), o); });

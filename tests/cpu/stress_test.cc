@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,8 +75,8 @@ std::pair<Errors, Errors> errors_of(const test::Problem& p, const ForwardOptions
   const Tensor g = step_test::to_f64(p.g), beta = step_test::to_f64(p.beta);
   const Tensor h0 = p.h0.present() ? step_test::to_f64(p.h0) : Tensor{};
   const Tensor d_o = step_test::to_f64(ct.d_o), d_ht = step_test::to_f64(ct.d_ht);
-  const ForwardInputs in64{q.view(), k.view(), v.view(), g.view(), beta.view(), h0.view(),
-                           p.cu_seqlens.view()};
+  const ForwardInputs in64{q.view(),    k.view(),  v.view(),           g.view(),
+                           beta.view(), h0.view(), p.cu_seqlens.view()};
   const ForwardResult f = chunk_gated_delta_rule_fwd(p.inputs(), o, Residuals::all);
   const ForwardResult f64 = ref::recurrent_fwd(in64, o);
   Errors fwd, bwd;
@@ -193,9 +193,10 @@ TEST(Stress, UnnormalisedKeysWithoutL2Norm) {
   for (std::int64_t i = 0; i < f64.final_state.numel(); ++i) {
     largest = std::max(largest, std::fabs(test::value_at(f64.final_state, i)));
   }
-  std::printf("[ STRESS   ] | 256 tokens, ||k|| = 2, beta = 1, keys collinear, g = 0, no L2 norm "
-              "| diverges: the float64 final state reaches %.1e |\n",
-              largest);
+  std::printf(
+      "[ STRESS   ] | 256 tokens, ||k|| = 2, beta = 1, keys collinear, g = 0, no L2 norm "
+      "| diverges: the float64 final state reaches %.1e |\n",
+      largest);
   EXPECT_GT(largest, 1e30) << "the float64 reference was expected to diverge";
 }
 
@@ -254,12 +255,18 @@ TEST(Stress, Bf16RecurrentPoolOver1024Decodes) {
     so.dv = spec.dv;
     for (std::int64_t t = 0; t < steps; ++t) {
       const std::int64_t qsl[2] = {0, 1}, slot[1] = {1}, len[1] = {t + 1}, dist[3] = {1, 1, 1};
-      StepInputs in{step_test::rows(lp.qkv, t, 1), step_test::rows(lp.a, t, 1),
-                    step_test::rows(lp.b, t, 1),   lp.conv_weight.view(),
-                    lp.conv_bias.view(),           lp.A_log.view(),
-                    lp.dt_bias.view(),             TensorView(qsl, {2}),
-                    TensorView(slot, {1}),         TensorView(len, {1}),
-                    TensorView(dist, {3}),         {},
+      StepInputs in{step_test::rows(lp.qkv, t, 1),
+                    step_test::rows(lp.a, t, 1),
+                    step_test::rows(lp.b, t, 1),
+                    lp.conv_weight.view(),
+                    lp.conv_bias.view(),
+                    lp.A_log.view(),
+                    lp.dt_bias.view(),
+                    TensorView(qsl, {2}),
+                    TensorView(slot, {1}),
+                    TensorView(len, {1}),
+                    TensorView(dist, {3}),
+                    {},
                     {}};
       fused_gdn_step(in, {conv.mutable_view(), rec.mutable_view()},
                      step_test::mutable_rows(out, t, 1), so);
