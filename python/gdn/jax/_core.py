@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from gdn import _gdn
-from gdn.jax import _ffi
+from gdn.jax import _cp, _ffi
 
 
 class _Static(NamedTuple):
@@ -92,7 +92,8 @@ def _op(st: _Static):
         d_o, d_ht = cotangents
         dq, dk, dv, dg, dbeta, dh0 = _backward_call(
             st, q, k, v, g, beta, h0, cu, d_o, d_ht, chunk_states, t_inv)
-        return dq, dk, dv, dg, dbeta, (dh0 if h0 is not None else None), None
+        grads = (dq, dk, dv, dg, dbeta, dh0 if h0 is not None else None)
+        return (*(_ffi.like_primal(d, x) for d, x in zip(grads, res)), None)
 
     op.defvjp(fwd, bwd)
     return op
@@ -114,6 +115,7 @@ def chunk_gated_delta_rule(
     residuals: str = "all",
     matmul_precision: str = "compute",
     threads: int = 0,
+    cp_axis: Optional[str] = None,
 ) -> tuple[jax.Array, Optional[jax.Array]]:
     """The gated delta rule (fla's ``chunk_gated_delta_rule``), on gdn's C++ CPU kernels.
 
@@ -149,6 +151,14 @@ def chunk_gated_delta_rule(
       matmul_precision: "compute" or "bf16" (the chunked products' operands rounded to bf16,
         float32 sums; docs/numerics.md).
       threads: CPU threads of the call, 0 = all (OMP_NUM_THREADS). Results do not depend on it.
+      cp_axis: context parallelism (MaxText's name): inside ``jax.shard_map``, the mesh axis
+        the sequence is sharded along, each device holding a contiguous segment of [B, T, ...]
+        in axis order; None = no context parallelism. Outputs and gradients equal the
+        unsharded call's to float32 rounding (exact: no truncated decay). The initial state
+        is the one entering the first segment and the final state the one leaving the last
+        (the same on every device). Each device runs the op on Dv + Dk value columns and
+        all-gathers Hv Dk (Dk + Dv) floats per sequence (docs/jax.md, "Context
+        parallelism"). Not with cu_seqlens.
 
     Returns:
       (o, final_state): o [B, T, Hv, Dv] in q's dtype; final_state [N, Hv, Dk, Dv] in the
@@ -166,6 +176,13 @@ def chunk_gated_delta_rule(
     """
     _ffi.check_choice(residuals, _ffi.RESIDUALS, "residuals")
     _ffi.check_choice(matmul_precision, _ffi.MATMUL_PRECISIONS, "matmul_precision")
+    if cp_axis is not None:
+        return _context_parallel(
+            q, k, v, g, beta, cp_axis, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+            chunk_size=chunk_size, residuals=residuals, matmul_precision=matmul_precision,
+            threads=threads)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     cdt = _ffi.compute_dtype(q.dtype)
     g, beta = _ffi.as_compute(g, cdt), _ffi.as_compute(beta, cdt)
@@ -199,3 +216,38 @@ def chunk_gated_delta_rule(
     if packed:
         o = o[None]
     return o, ht
+
+
+def _context_parallel(q, k, v, g, beta, cp_axis, *, initial_state, output_final_state,
+                      cu_seqlens, **options):
+    """This device's segment of a sequence sharded along ``cp_axis`` (_cp.py has the math)."""
+    axis_size = _cp.check_axis(cp_axis)
+    if cu_seqlens is not None:
+        raise ValueError(
+            "gdn: argument 'cu_seqlens': expected None with cp_axis (context parallelism "
+            "shards [B, T, ...] batches along T), given an array")
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    if v.ndim != 4 or q.ndim != 4:
+        raise ValueError(
+            f"gdn: argument 'v': expected [B, T, Hv, Dv] (and q [B, T, Hk, Dk]) with cp_axis, "
+            f"given v {list(v.shape)}, q {list(q.shape)}")
+    batch, hv, dk, dv = v.shape[0], v.shape[2], q.shape[-1], v.shape[-1]
+    if initial_state is not None and tuple(initial_state.shape) != (batch, hv, dk, dv):
+        raise ValueError(
+            f"gdn: argument 'initial_state': expected [B, Hv, Dk, Dv] = "
+            f"{[batch, hv, dk, dv]} (the state entering the first segment), given "
+            f"{list(initial_state.shape)}")
+    out_dtype = q.dtype
+    cdt = _ffi.compute_dtype(q.dtype)
+    # 16-bit activations are widened (exactly) so that o(0) and R stay in the compute dtype
+    # until the correction: one rounding of o, as in the unsharded call.
+    q, k, v = (x.astype(cdt) if x.dtype != cdt and x.dtype in (jnp.bfloat16, jnp.float16)
+               else x for x in (q, k, v))
+
+    def call(values, h0):
+        return chunk_gated_delta_rule(q, k, values, g, beta, initial_state=h0,
+                                      output_final_state=True, **options)
+
+    o0, r, e, m = _cp.segment_terms(call, v, q.shape[-1], cdt)
+    o, final_state = _cp.combine(o0, r, e, m, initial_state, cp_axis, axis_size)
+    return o.astype(out_dtype), (final_state if output_final_state else None)

@@ -63,5 +63,40 @@ def placeholder(x):
     return absent() if x is None else x
 
 
+def varying_axes(x):
+    """The mesh axes x varies along inside ``shard_map`` (empty outside)."""
+    mat = getattr(jax.typeof(x), "manual_axis_type", None)
+    return frozenset(mat.varying) if mat is not None else frozenset()
+
+
+def _typed_for_shard_map(results, args):
+    """Inside ``shard_map`` (JAX >= 0.10 types arrays by the mesh axes they vary along), the
+    operands made to vary along the same axes and the results typed so: a custom call's result
+    differs per device like its operands. Outside, or on older JAX, unchanged."""
+    axes = frozenset().union(*(varying_axes(x) for x in args))
+    if not axes:
+        return results, args
+    args = tuple(x if varying_axes(x) == axes
+                 else jax.lax.pcast(x, tuple(sorted(axes - varying_axes(x), key=str)), to="varying")
+                 for x in args)
+    typed = jax.typeof(args[0])
+    sharding = jax.sharding.NamedSharding(typed.sharding.mesh, jax.sharding.PartitionSpec())
+    results = tuple(jax.ShapeDtypeStruct(r.shape, r.dtype, sharding=sharding,
+                                         manual_axis_type=typed.manual_axis_type)
+                    for r in results)
+    return results, args
+
+
 def call(target, results, *args, vmap_method="sequential", **attrs):
+    results, args = _typed_for_shard_map(results, args)
     return jax.ffi.ffi_call(target, results, vmap_method=vmap_method)(*args, **attrs)
+
+
+def like_primal(cotangent, primal):
+    """A custom_vjp cotangent typed like its primal inside ``shard_map``: where the primal is
+    the same on every device of an axis and its cotangent is not, the cotangent is the psum
+    over that axis (the transpose of broadcasting the primal to the devices)."""
+    if cotangent is None or primal is None:
+        return cotangent
+    extra = varying_axes(cotangent) - varying_axes(primal)
+    return jax.lax.psum(cotangent, tuple(sorted(extra, key=str))) if extra else cotangent

@@ -106,9 +106,10 @@ def _op(st: _Static):
         d_out, d_conv_out, d_rec_out = cotangents
         (d_qkv, d_a, d_b, d_w, d_bias, d_A_log, d_dt_bias, d_conv_state,
          d_rec_state) = _backward_call(st, args, d_out, d_conv_out, d_rec_out, states, t_inv)
-        return (d_qkv, d_a, d_b, d_w, d_bias if st.has_conv_bias else None, d_A_log, d_dt_bias,
-                d_conv_state if st.has_conv_state else None,
-                d_rec_state if st.has_recurrent_state else None, None)
+        grads = (d_qkv, d_a, d_b, d_w, d_bias if st.has_conv_bias else None, d_A_log,
+                 d_dt_bias, d_conv_state if st.has_conv_state else None,
+                 d_rec_state if st.has_recurrent_state else None)
+        return (*(_ffi.like_primal(d, x) for d, x in zip(grads, args)), None)
 
     op.defvjp(fwd, bwd)
     return op

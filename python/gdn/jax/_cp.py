@@ -1,0 +1,87 @@
+"""Exact context parallelism: a sequence sharded along a mesh axis inside ``shard_map``.
+
+The state leaving a segment is affine in the state entering it::
+
+    S_out = M S_in + E        M [Dk, Dk] per value head: the product of the segment's
+                              transitions alpha_t (I - beta_t k_t k_t^T); E: its final
+                              state from zeros
+    o_t   = o_t(0) + R_t S_in R_t [Dk] per token and head: scale * q_t^T M_{<=t}
+
+One call of the C++ op gives all four: the state gets Dk extra value columns that start as
+the identity and see zero values, so the final state is [E | M] and the output [o(0) | R].
+(When Dv + Dk passes the op's 256, the two halves are two calls.) The devices all-gather
+(M, E), each folds the prefix of segments before it to get its S_in, and corrects its
+output: O(Hv Dk (Dk + Dv)) per device per segment to send, whatever the segment's length.
+Gradients are JAX's own through these steps: the C++ backward of the widened call, the
+transpose of the all-gather (a reduce-scatter) and of the fold.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from gdn.jax import _ffi
+
+MAX_WIDTH = 256  # the C++ op's largest Dv
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def check_axis(cp_axis) -> int:
+    """The size of mesh axis ``cp_axis``; a ValueError naming it outside ``shard_map``."""
+    try:
+        return int(jax.lax.axis_size(cp_axis))
+    except (NameError, KeyError, ValueError, TypeError) as e:
+        raise ValueError(
+            f"gdn: argument 'cp_axis': expected the name of a mesh axis of the enclosing "
+            f"shard_map (the axis the sequence is sharded along), given {cp_axis!r} ({e})"
+        ) from None
+
+
+def segment_terms(call: Callable, v: jax.Array, dk: int, state_dtype):
+    """(o(0), R, E, M) of this device's segment.
+
+    ``call(v, h0)`` runs the op on this segment's q, k, g, beta with values v [B, T, Hv, W]
+    and initial state h0 [B, Hv, Dk, W] (None: zeros), returning (o, final_state)."""
+    batch, _, hv, dv = v.shape
+    eye = jnp.broadcast_to(jnp.eye(dk, dtype=state_dtype), (batch, hv, dk, dk))
+    no_values = jnp.zeros(v.shape[:-1] + (dk,), v.dtype)
+    # Typed as varying like v, so their (unused) cotangents need no psum across devices.
+    eye, no_values = (_vary_like(x, v) for x in (eye, no_values))
+    if dv + dk <= MAX_WIDTH:
+        h0 = jnp.concatenate([jnp.zeros((batch, hv, dk, dv), state_dtype), eye], axis=-1)
+        o, ht = call(jnp.concatenate([v, no_values], axis=-1), h0)
+        return o[..., :dv], o[..., dv:], ht[..., :dv], ht[..., dv:]
+    o0, e = call(v, None)
+    r, m = call(no_values, eye)
+    return o0, r, e, m
+
+
+def _vary_like(x, like):
+    axes = _ffi.varying_axes(like) - _ffi.varying_axes(x)
+    return jax.lax.pcast(x, tuple(sorted(axes, key=str)), to="varying") if axes else x
+
+
+def combine(o0, r, e, m, initial_state: Optional[jax.Array], cp_axis, axis_size: int):
+    """This device's output and the sequence's final state from every segment's (M, E).
+
+    o0 [B, T, Hv, Dv], r [B, T, Hv, Dk], e [B, Hv, Dk, Dv], m [B, Hv, Dk, Dk] of this device;
+    initial_state [B, Hv, Dk, Dv] or None (zeros), the state entering device 0's segment."""
+    ms = jax.lax.all_gather(m, cp_axis)  # [P, B, Hv, Dk, Dk]
+    es = jax.lax.all_gather(e, cp_axis)
+    state = jnp.zeros_like(e) if initial_state is None else initial_state.astype(e.dtype)
+    entering = []
+    for j in range(axis_size):  # S_{j+1} = M_j S_j + E_j, in order: results do not depend on P
+        entering.append(state)
+        state = jnp.einsum("bhij,bhjv->bhiv", ms[j], state, precision=_HIGHEST) + es[j]
+    index = jax.lax.axis_index(cp_axis)
+    s_in = jax.lax.dynamic_index_in_dim(jnp.stack(entering), index, keepdims=False)
+    o = o0 + jnp.einsum("bthk,bhkv->bthv", r, s_in.astype(r.dtype), precision=_HIGHEST)
+    # Every device has the same final state, but JAX types it as varying along the axis;
+    # the psum of the last device's copy (zeros elsewhere: exact) makes it invariant.
+    final = jax.lax.psum(jnp.where(index == axis_size - 1, state, jnp.zeros_like(state)),
+                         cp_axis)
+    return o, final

@@ -1,0 +1,96 @@
+"""Exact context parallelism (``cp_axis``) on 4 host devices: every output and gradient of a
+sequence sharded with ``jax.shard_map`` against the unsharded op (float32 rounding apart) and
+against the float64 pure-JAX reference. The sharded runs happen in one subprocess,
+cp_check.py, because the host device count is fixed when JAX starts; its errors are checked
+here one case per test. Errors of the arguments run in this process."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, PartitionSpec as P
+
+import gdn.jax
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# (vs the unsharded op, vs float64) relative-error bounds per activation dtype
+BOUNDS = {"f32": (2e-6, 2e-5), "bf16": (1e-6, 1e-2)}
+CASES = {
+    "core_f32_h0_l2norm_gva": "f32",
+    "core_f32_no_h0_no_l2norm_chunk32": "f32",
+    "core_split_calls_when_dv_plus_dk_passes_max_width": "f32",
+    "core_bf16_activations": "bf16",
+    "core_batch_over_dp_and_sequence_over_cp": "f32",
+    "core_heads_over_tp_and_sequence_over_cp": "f32",
+}
+
+
+@pytest.fixture(scope="module")
+def sharded_errors():
+    run = subprocess.run([sys.executable, os.path.join(HERE, "cp_check.py"), *CASES],
+                         cwd=HERE, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
+    return {x["case"]: x["errors"] for x in lines}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sharded_equals_unsharded_and_float64(sharded_errors, case):
+    errors = sharded_errors[case]
+    vs_single, vs_f64 = BOUNDS[CASES[case]]
+    assert {"o", "final_state", "d_q", "d_k", "d_v", "d_g", "d_beta", "d_h0"} <= set(errors)
+    for what, (e_single, e_f64, e_unsharded_f64) in errors.items():
+        assert e_single <= vs_single, f"{case} {what}: {e_single:.2e} from the unsharded op"
+        assert e_f64 <= vs_f64, f"{case} {what}: {e_f64:.2e} from float64"
+        assert e_unsharded_f64 <= vs_f64, f"{case} {what}: unsharded {e_unsharded_f64:.2e}"
+
+
+def _inputs(tokens=16):
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, tokens, 1, 8)), jnp.float32)
+               for _ in range(3))
+    g = jnp.asarray(-rng.random((1, tokens, 1)), jnp.float32)
+    beta = jnp.asarray(rng.random((1, tokens, 1)), jnp.float32)
+    return q, k, v, g, beta
+
+
+def test_cp_axis_outside_shard_map_names_cp_axis():
+    with pytest.raises(ValueError, match="argument 'cp_axis'.*'seq'"):
+        gdn.jax.chunk_gated_delta_rule(*_inputs(), cp_axis="seq")
+
+
+def _one_device_cp(fn):
+    mesh = jax.make_mesh((1,), ("cp",), axis_types=(AxisType.Auto,))
+    spec = P(None, "cp")
+    return jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * 5, out_specs=spec)
+
+
+def test_cp_with_cu_seqlens_names_cu_seqlens():
+    def body(q, k, v, g, beta):
+        return gdn.jax.chunk_gated_delta_rule(
+            q, k, v, g, beta, cp_axis="cp", cu_seqlens=jnp.asarray([0, 16], jnp.int32))[0]
+    with pytest.raises(ValueError, match="argument 'cu_seqlens'.*cp_axis"):
+        _one_device_cp(body)(*_inputs())
+
+
+def test_cp_with_wrong_initial_state_names_initial_state():
+    def body(q, k, v, g, beta):
+        h0 = jnp.zeros((1, 1, 8, 4), jnp.float32)
+        return gdn.jax.chunk_gated_delta_rule(q, k, v, g, beta, cp_axis="cp",
+                                              initial_state=h0)[0]
+    with pytest.raises(ValueError, match=r"argument 'initial_state'.*\[1, 1, 8, 8\].*given"):
+        _one_device_cp(body)(*_inputs())
+
+
+def test_cp_on_one_device_equals_plain_call():
+    args = _inputs(40)
+    o_cp = jax.jit(_one_device_cp(
+        lambda *a: gdn.jax.chunk_gated_delta_rule(*a, cp_axis="cp", chunk_size=16)[0]))(*args)
+    o = gdn.jax.chunk_gated_delta_rule(*args, chunk_size=16)[0]
+    np.testing.assert_allclose(np.asarray(o_cp), np.asarray(o), rtol=1e-5, atol=1e-6)
