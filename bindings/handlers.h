@@ -12,6 +12,8 @@ XLA_FFI_Error* GdnBackward(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GdnLayerForward(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GdnLayerBackward(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GdnStep(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* GdnConvForward(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* GdnConvBackward(XLA_FFI_CallFrame* call_frame);
 }
 
 }  // namespace gdn::bindings

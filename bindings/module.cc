@@ -306,6 +306,8 @@ NB_MODULE(_gdn, m) {
         d["gdn_layer_forward"] = handler(GdnLayerForward);
         d["gdn_layer_backward"] = handler(GdnLayerBackward);
         d["gdn_step"] = handler(GdnStep);
+        d["gdn_conv_forward"] = handler(GdnConvForward);
+        d["gdn_conv_backward"] = handler(GdnConvBackward);
         return d;
       },
       "The XLA FFI handlers (typed API), name -> capsule, for the CPU platform.");

@@ -61,17 +61,20 @@ def core_case(batch, tokens, hk, hv, dk, dv, *, mesh, spec_b=None, spec_h=None, 
                                           use_qk_l2norm_in_kernel=l2norm)
 
     h0 = jnp.asarray(p.h0) if h0 else jnp.zeros((batch, hv, dk, dv), jnp.float32)
+    if dtype == jnp.float64:
+        h0 = h0.astype(dtype)
     args = (*p.args(dtype), h0)
     args64 = tuple(jnp.asarray(x, jnp.float64) for x in args)
-    return compare(sharded, single, reference, args, args64, p.d_o, p.d_ht,
-                   ("q", "k", "v", "g", "beta", "h0"))
+    return compare(sharded, single, reference, args, args64, (p.d_o, p.d_ht),
+                   ("o", "final_state"), ("q", "k", "v", "g", "beta", "h0"))
 
 
-def compare(sharded, single, reference, args, args64, d_o, d_ht, names):
+def compare(sharded, single, reference, args, args64, cotangents, out_names, arg_names):
+    """{output or d_argument: (error vs unsharded, error vs float64, unsharded vs float64)}
+    for the outputs and the gradients of <outputs, cotangents>."""
     def loss(fn):
         def f(*a):
-            o, ht = fn(*a)
-            return jnp.sum(o.astype(jnp.float64) * d_o) + jnp.sum(ht.astype(jnp.float64) * d_ht)
+            return sum(jnp.sum(o.astype(jnp.float64) * c) for o, c in zip(fn(*a), cotangents))
         return f
 
     argnums = tuple(range(len(args)))
@@ -82,11 +85,98 @@ def compare(sharded, single, reference, args, args64, d_o, d_ht, names):
     grads_1 = jax.jit(jax.grad(loss(single), argnums))(*args)
     grads_64 = jax.grad(loss(reference), argnums)(*args64)
     errors = {}
-    for what, a, b, c in zip(("o", "final_state"), out_cp, out_1, out_64):
+    for what, a, b, c in zip(out_names, out_cp, out_1, out_64):
         errors[what] = (rel_error(a, b), rel_error(a, c), rel_error(b, c))
-    for name, a, b, c in zip(names, grads_cp, grads_1, grads_64):
+    for name, a, b, c in zip(arg_names, grads_cp, grads_1, grads_64):
         errors["d_" + name] = (rel_error(a, b), rel_error(a, c), rel_error(b, c))
     return errors
+
+
+def layer_case(tokens, hk, hv, dk, dv, taps, *, mesh, states=True, dtype=jnp.float32,
+               weight_3d=False, seed=0):
+    """Errors of the layer op's output, both final states and every gradient under CP (one
+    sequence, its tokens over the 4 devices)."""
+    rng = np.random.default_rng(seed)
+    channels = 2 * hk * dk + hv * dv
+    f32 = lambda *shape, s=1.0: jnp.asarray(s * rng.standard_normal(shape), jnp.float32)  # noqa
+    qkv, a, b = f32(tokens, channels), f32(tokens, hv), f32(tokens, hv)
+    w = f32(channels, 1, taps, s=0.5) if weight_3d else f32(channels, taps, s=0.5)
+    bias, A_log, dt_bias = f32(channels, s=0.1), f32(hv, s=0.5), f32(hv, s=0.5)
+    conv_state = f32(1, taps - 1, channels) if states else jnp.zeros((1, taps - 1, channels))
+    rec_state = f32(1, hv, dk, dv, s=0.5) if states else jnp.zeros((1, hv, dk, dv))
+    heads = dict(num_k_heads=hk, num_v_heads=hv, head_k_dim=dk, head_v_dim=dv)
+    cotangents = (rng.standard_normal((tokens, hv * dv)),
+                  rng.standard_normal((1, taps - 1, channels)),
+                  rng.standard_normal((1, hv, dk, dv)))
+    seq, rep, chan = P("cp"), P(), P(None, None, None)
+
+    def sharded(qkv, a, b, w, bias, A_log, dt_bias, conv_state, rec_state):
+        def body(qkv, a, b, w, bias, A_log, dt_bias, conv_state, rec_state):
+            return gdn.jax.fused_gdn(qkv, a, b, w, A_log, dt_bias, conv_bias=bias,
+                                     conv_state=conv_state, recurrent_state=rec_state,
+                                     chunk_size=16, cp_axis="cp", **heads)
+        return jax.shard_map(body, mesh=mesh, in_specs=(seq, seq, seq) + (rep,) * 6,
+                             out_specs=(seq, chan, rep))(
+            qkv, a, b, w, bias, A_log, dt_bias, conv_state, rec_state)
+
+    def single(qkv, a, b, w, bias, A_log, dt_bias, conv_state, rec_state):
+        return gdn.jax.fused_gdn(qkv, a, b, w, A_log, dt_bias, conv_bias=bias,
+                                 conv_state=conv_state, recurrent_state=rec_state,
+                                 chunk_size=16, **heads)
+
+    def reference(qkv, a, b, w, bias, A_log, dt_bias, conv_state, rec_state):
+        return ref.fused_gdn(qkv, a, b, w, A_log, dt_bias, conv_bias=bias,
+                             conv_state=conv_state, recurrent_state=rec_state, **heads)
+
+    args = (qkv.astype(dtype), a.astype(dtype), b.astype(dtype), w, bias, A_log, dt_bias,
+            conv_state, rec_state)
+    if dtype == jnp.float64:
+        args = tuple(x.astype(dtype) for x in args)
+    args64 = tuple(jnp.asarray(x, jnp.float64) for x in args)
+    return compare(sharded, single, reference, args, args64, cotangents,
+                   ("out", "conv_state_out", "recurrent_state_out"),
+                   ("qkv", "a", "b", "conv_weight", "conv_bias", "A_log", "dt_bias",
+                    "conv_state", "recurrent_state"))
+
+
+def block_case(batch, tokens, *, mesh, spec_b=None, dtype=jnp.float32, seed=0):
+    """Errors of gdn.jax.nn's block (y, both final states, the gradients of x and of every
+    parameter) with x's tokens over the devices, against the unsharded block and against the
+    unsharded block in float64 (gdn's float64 kernels, tested against the pure-JAX reference in
+    test_jax_nn.py)."""
+    from gdn.jax import nn
+
+    cfg = nn.GatedDeltaNetConfig(hidden_size=32, num_k_heads=1, num_v_heads=2, head_k_dim=8,
+                                 head_v_dim=8)
+    params = nn.init_params(jax.random.PRNGKey(seed), cfg)
+    params["in_proj_qkvz.weight"] *= 10.0  # O(1) activations into the op
+    names = sorted(params)
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.standard_normal((batch, tokens, cfg.hidden_size)), jnp.float32)
+    states = (jnp.asarray(rng.standard_normal((batch, 3, cfg.conv_dim)), jnp.float32),
+              jnp.asarray(0.5 * rng.standard_normal((batch, 2, 8, 8)), jnp.float32))
+    cotangents = (rng.standard_normal(x.shape), rng.standard_normal(states[0].shape),
+                  rng.standard_normal(states[1].shape))
+    seq, rep = P(spec_b, "cp"), P(spec_b)
+
+    def run(cp_axis):
+        def fn(x, conv_state, rec_state, *leaves):
+            y, (c, r) = nn.gated_delta_net(dict(zip(names, leaves)), x, cfg,
+                                           conv_state=conv_state, recurrent_state=rec_state,
+                                           return_state=True, cp_axis=cp_axis)
+            return y, c, r
+        return fn
+
+    def sharded(x, conv_state, rec_state, *leaves):
+        return jax.shard_map(run("cp"), mesh=mesh,
+                             in_specs=(seq, rep, rep) + (P(),) * len(leaves),
+                             out_specs=(seq, rep, rep))(x, conv_state, rec_state, *leaves)
+
+    args = tuple(a.astype(dtype) for a in (x, *states, *(params[n] for n in names)))
+    args64 = tuple(jnp.asarray(a, jnp.float64) for a in args)
+    return compare(sharded, run(None), run(None), args, args64, cotangents,
+                   ("y", "conv_state_out", "recurrent_state_out"),
+                   ("x", "conv_state", "recurrent_state", *names))
 
 
 def case_core_f32_h0_l2norm_gva():
@@ -116,6 +206,35 @@ def case_core_batch_over_dp_and_sequence_over_cp():
 
 def case_core_heads_over_tp_and_sequence_over_cp():
     return core_case(1, 2 * 24, 2, 4, 8, 8, mesh=mesh_of(("tp", "cp"), (2, 2)), spec_h="tp")
+
+
+def case_layer_f32_states_gva_k4():
+    return layer_case(4 * 20, 1, 2, 8, 8, 4, mesh=mesh_of(("cp",), (4,)))
+
+
+def case_layer_f32_no_states_weight_d1k_k3_dk_ne_dv():
+    return layer_case(4 * 18, 2, 2, 8, 12, 3, mesh=mesh_of(("cp",), (4,)), states=False,
+                      weight_3d=True)
+
+
+def case_layer_bf16_activations():
+    return layer_case(4 * 16, 1, 2, 8, 8, 4, mesh=mesh_of(("cp",), (4,)), dtype=jnp.bfloat16)
+
+
+def case_block_batch_over_dp_and_sequence_over_cp():
+    return block_case(2, 2 * 12, mesh=mesh_of(("dp", "cp"), (2, 2)), spec_b="dp")
+
+
+def case_core_f64_exact():
+    return core_case(2, 4 * 24, 1, 2, 16, 8, mesh=mesh_of(("cp",), (4,)), dtype=jnp.float64)
+
+
+def case_layer_f64_exact():
+    return layer_case(4 * 20, 1, 2, 8, 8, 4, mesh=mesh_of(("cp",), (4,)), dtype=jnp.float64)
+
+
+def case_block_f64_exact():
+    return block_case(1, 4 * 12, mesh=mesh_of(("cp",), (4,)), dtype=jnp.float64)
 
 
 CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}

@@ -80,8 +80,51 @@ def combine(o0, r, e, m, initial_state: Optional[jax.Array], cp_axis, axis_size:
     index = jax.lax.axis_index(cp_axis)
     s_in = jax.lax.dynamic_index_in_dim(jnp.stack(entering), index, keepdims=False)
     o = o0 + jnp.einsum("bthk,bhkv->bthv", r, s_in.astype(r.dtype), precision=_HIGHEST)
-    # Every device has the same final state, but JAX types it as varying along the axis;
-    # the psum of the last device's copy (zeros elsewhere: exact) makes it invariant.
-    final = jax.lax.psum(jnp.where(index == axis_size - 1, state, jnp.zeros_like(state)),
-                         cp_axis)
-    return o, final
+    # Every device has the same final state, but JAX types it as varying along the axis.
+    return o, last_device_value(state, cp_axis, axis_size)
+
+
+def last_device_value(x, cp_axis, axis_size: int):
+    """The last device's x on every device (typed invariant along the axis: a psum of it and
+    zeros, which is exact)."""
+    index = jax.lax.axis_index(cp_axis)
+    return jax.lax.psum(jnp.where(index == axis_size - 1, x, jnp.zeros_like(x)), cp_axis)
+
+
+def conv_halo(x, conv_state, taps: int, cp_axis, axis_size: int):
+    """The conv's initial state of each device's segment, x [B, T, D]: the previous device's
+    last K - 1 inputs (a ppermute), or ``conv_state`` [B, K - 1, D] (None: zeros) on device
+    0."""
+    tail = x[:, x.shape[1] - (taps - 1):, :]
+    received = jax.lax.ppermute(tail, cp_axis, [(i, i + 1) for i in range(axis_size - 1)])
+    first = jnp.zeros_like(tail) if conv_state is None else conv_state.astype(tail.dtype)
+    return jnp.where(jax.lax.axis_index(cp_axis) == 0, first, received)
+
+
+def layer(core: Callable, qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state,
+          recurrent_state, *, heads, cp_axis, axis_size: int, threads: int):
+    """The layer op on a batch of B sequences, each device holding the segment [B, T, ...] of
+    every sequence: the conv (C++) with the halo as its initial state, the SiLU'd channels
+    split into heads, the gates, and the core op ``core(q, k, v, g, beta, h0)`` under
+    context parallelism. Returns (out [B, T, Hv Dv], conv_state_out, recurrent_state_out)."""
+    from gdn.jax._conv import causal_conv1d
+
+    hk, hv, dk, dv = heads
+    batch, tokens, channels = qkv.shape
+    taps = conv_weight.shape[-1]
+    halo = conv_halo(qkv, conv_state, taps, cp_axis, axis_size) if taps > 1 else None
+    cu = jnp.arange(batch + 1, dtype=jnp.int32) * tokens
+    y, conv_out = causal_conv1d(qkv.reshape(batch * tokens, channels), conv_weight,
+                                bias=conv_bias, initial_state=halo, cu_seqlens=cu,
+                                threads=threads)
+    y = y.reshape(batch, tokens, channels)
+    q = y[..., :hk * dk].reshape(batch, tokens, hk, dk)
+    k = y[..., hk * dk:2 * hk * dk].reshape(batch, tokens, hk, dk)
+    v = y[..., 2 * hk * dk:].reshape(batch, tokens, hv, dv)
+    # The layer op's gates (src/api/layer_parts.h), elementwise in the compute dtype.
+    cdt = A_log.dtype
+    beta = jax.nn.sigmoid(b.astype(cdt))
+    g = -jnp.exp(A_log) * jax.nn.softplus(a.astype(cdt) + dt_bias)
+    o, rec_out = core(q, k, v, g, beta, recurrent_state)
+    conv_out = last_device_value(conv_out, cp_axis, axis_size) if taps > 1 else conv_out
+    return o.reshape(batch, tokens, hv * dv), conv_out, rec_out

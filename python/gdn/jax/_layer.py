@@ -10,7 +10,8 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from gdn import _gdn
-from gdn.jax import _ffi
+from gdn.jax import _cp, _ffi
+from gdn.jax._core import chunk_gated_delta_rule
 
 
 class _Static(NamedTuple):
@@ -135,6 +136,7 @@ def fused_gdn(
     residuals: str = "all",
     matmul_precision: str = "compute",
     threads: int = 0,
+    cp_axis: Optional[str] = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The fused GDN layer op of Qwen3-Next / Qwen3.5, on gdn's C++ CPU kernels.
 
@@ -161,6 +163,13 @@ def fused_gdn(
       num_k_heads, num_v_heads, head_k_dim, head_v_dim: Hk, Hv (a multiple of Hk), Dk, Dv.
       chunk_size, residuals, matmul_precision, threads: as in ``chunk_gated_delta_rule``; the
         residuals are named ``gdn_chunk_states`` and ``gdn_t_inv``.
+      cp_axis: context parallelism: inside ``jax.shard_map``, the mesh axis the one sequence's
+        tokens are sharded along (contiguous segments in axis order, each at least K - 1
+        tokens); None = none. The conv gets the previous device's last K - 1 inputs (a
+        ppermute), the core op runs as ``chunk_gated_delta_rule(cp_axis=...)``; conv_state
+        and recurrent_state enter the first segment, the states returned leave the last (the
+        same on every device). Equal to the unsharded call to float32 rounding. Not with
+        cu_seqlens.
 
     Returns:
       (out [T, Hv Dv] in qkv's dtype, conv_state_out [N, K - 1, D], recurrent_state_out
@@ -190,6 +199,16 @@ def fused_gdn(
     shape = _gdn.layer_shape(*(_ffi.spec(x) for x in args), *heads,
                              _ffi.static_int(chunk_size, "chunk_size"),
                              matmul_precision == "bf16", _ffi.static_int(threads, "threads"))
+    if cp_axis is not None:
+        if cu is not None:
+            raise ValueError(
+                "gdn: argument 'cu_seqlens': expected None with cp_axis (context parallelism "
+                "shards one sequence's tokens), given an array")
+        out, conv_out, rec_out = context_parallel(
+            *(None if x is None else x[None] for x in (qkv, a, b)), *args[3:9], heads=heads,
+            chunk_size=shape["chunk_size"], residuals=residuals,
+            matmul_precision=matmul_precision, threads=int(threads), cp_axis=cp_axis)
+        return out[0], conv_out, rec_out
     st = _Static(
         *heads, chunk_size=shape["chunk_size"], bf16_matmul=matmul_precision == "bf16",
         threads=int(threads), has_conv_bias=conv_bias is not None,
@@ -198,3 +217,60 @@ def fused_gdn(
         num_seqs=shape["num_seqs"], max_chunks=shape["max_chunks"],
         compute_dtype=shape["compute_dtype"])
     return _op(st)(*args)
+
+
+def context_parallel(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state,
+                     recurrent_state, *, heads, chunk_size, residuals, matmul_precision,
+                     threads, cp_axis):
+    """The layer op on B sequences, qkv [B, T, D], a and b [B, T, Hv], each device holding
+    segment T of every sequence along ``cp_axis`` (checked by the caller; _cp.py has the
+    math). Returns (out [B, T, Hv Dv], conv_state_out [B, K - 1, D], recurrent_state_out)."""
+    axis_size = _cp.check_axis(cp_axis)
+    taps = conv_weight.shape[-1]
+    if qkv.shape[1] < taps - 1:
+        raise ValueError(
+            f"gdn: argument 'qkv': expected each device's segment to hold at least K - 1 = "
+            f"{taps - 1} tokens with cp_axis (the next device's conv reads them), given "
+            f"{qkv.shape[1]}")
+    out_dtype = qkv.dtype
+    cdt = _ffi.compute_dtype(qkv.dtype)
+    # 16-bit activations are widened (exactly): the conv's output and the core op's stay in
+    # the compute dtype, as inside the unsharded op, and out is rounded once.
+    qkv, a, b = (x.astype(cdt) for x in (qkv, a, b))
+
+    def core(q, k, v, g, beta, h0):
+        return chunk_gated_delta_rule(
+            q, k, v, g, beta, initial_state=h0, output_final_state=True,
+            use_qk_l2norm_in_kernel=True, chunk_size=chunk_size, residuals=residuals,
+            matmul_precision=matmul_precision, threads=threads, cp_axis=cp_axis)
+
+    out, conv_out, rec_out = _cp.layer(
+        core, qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, recurrent_state,
+        heads=heads, cp_axis=cp_axis, axis_size=axis_size, threads=threads)
+    return out.astype(out_dtype), conv_out, rec_out
+
+
+def batched_context_parallel(qkv, a, b, conv_weight, A_log, dt_bias, *, conv_state,
+                             recurrent_state, num_k_heads, num_v_heads, head_k_dim, head_v_dim,
+                             residuals, threads, cp_axis):
+    """The layer op under context parallelism on B sequences of one segment length each (qkv
+    [B, T, D], a and b [B, T, Hv]; gdn.jax.nn's block): checked as ``fused_gdn`` checks the
+    packed batch, then run by ``context_parallel``."""
+    batch, tokens = qkv.shape[0], qkv.shape[1]
+    cdt = _ffi.compute_dtype(qkv.dtype)
+    conv_weight, A_log, dt_bias, conv_state, recurrent_state = (
+        _ffi.as_compute(x, cdt)
+        for x in (conv_weight, A_log, dt_bias, conv_state, recurrent_state))
+    flat = tuple(jax.ShapeDtypeStruct((batch * tokens,) + x.shape[2:], x.dtype)
+                 for x in (qkv, a, b))
+    cu = jax.ShapeDtypeStruct((batch + 1,), jnp.int32)
+    heads = tuple(_ffi.static_int(x, name) for x, name in (
+        (num_k_heads, "num_k_heads"), (num_v_heads, "num_v_heads"), (head_k_dim, "head_k_dim"),
+        (head_v_dim, "head_v_dim")))
+    shape = _gdn.layer_shape(*(_ffi.spec(x) for x in (*flat, conv_weight, None, A_log, dt_bias,
+                                                        conv_state, recurrent_state, cu)),
+                             *heads, 64, False, _ffi.static_int(threads, "threads"))
+    return context_parallel(qkv, a, b, conv_weight, None, A_log, dt_bias, conv_state,
+                            recurrent_state, heads=heads, chunk_size=shape["chunk_size"],
+                            residuals=residuals, matmul_precision="compute",
+                            threads=int(threads), cp_axis=cp_axis)

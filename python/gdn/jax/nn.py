@@ -34,7 +34,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from gdn.jax._layer import fused_gdn
+from gdn.jax._layer import batched_context_parallel, fused_gdn
 from gdn.jax._serving import fused_conv1d_gdn
 
 PARAM_NAMES = ("in_proj_qkvz.weight", "in_proj_ba.weight", "conv1d.weight", "dt_bias", "A_log",
@@ -207,7 +207,8 @@ def _output(params, o, z, cfg: GatedDeltaNetConfig, dtype):
 def gated_delta_net(params: dict, x: jax.Array, cfg: GatedDeltaNetConfig, *,
                     conv_state: Optional[jax.Array] = None,
                     recurrent_state: Optional[jax.Array] = None, return_state: bool = False,
-                    dtype: Optional[Any] = None, residuals: str = "all", threads: int = 0):
+                    dtype: Optional[Any] = None, residuals: str = "all", threads: int = 0,
+                    cp_axis: Optional[str] = None):
     """The block's forward on x [B, T, hidden] (HF's Qwen3NextGatedDeltaNet without an
     attention mask): each batch row one sequence, continuing from its conv_state [B, K - 1, D]
     and recurrent_state [B, Hv, Dk, Dv] when given (zeros otherwise). Differentiable in x and
@@ -222,6 +223,12 @@ def gated_delta_net(params: dict, x: jax.Array, cfg: GatedDeltaNetConfig, *,
     float32; y is bf16 and the parameters' gradients float32. Without ``dtype`` everything runs
     in x's dtype.
 
+    Context parallelism: inside ``jax.shard_map`` with x [B, T, hidden] sharded along T over
+    mesh axis ``cp_axis`` (each device a contiguous segment of at least K - 1 tokens), the op
+    runs as ``fused_gdn(cp_axis=...)`` does; y and every gradient equal the unsharded block's
+    to float32 rounding; the states given enter the first segment and those returned leave
+    the last.
+
     Example::
 
         y = gated_delta_net(params, x, cfg)
@@ -232,6 +239,15 @@ def gated_delta_net(params: dict, x: jax.Array, cfg: GatedDeltaNetConfig, *,
     batch, tokens = x.shape[0], x.shape[1]
     qkv, z, b, a = _split_projections(params, x, cfg)
     flat = lambda t: t.reshape(batch * tokens, *t.shape[2:])  # noqa: E731
+    if cp_axis is not None:
+        o, conv_out, rec_out = batched_context_parallel(
+            qkv, a, b, params["conv1d.weight"], params["A_log"], params["dt_bias"],
+            conv_state=conv_state, recurrent_state=recurrent_state,
+            num_k_heads=cfg.num_k_heads, num_v_heads=cfg.num_v_heads,
+            head_k_dim=cfg.head_k_dim, head_v_dim=cfg.head_v_dim, residuals=residuals,
+            threads=threads, cp_axis=cp_axis)
+        y = _output(params, o, z, cfg, x.dtype)
+        return (y, (conv_out, rec_out)) if return_state else y
     cu = jnp.arange(batch + 1, dtype=jnp.int32) * tokens
     o, conv_out, rec_out = fused_gdn(
         flat(qkv), flat(a), flat(b), params["conv1d.weight"], params["A_log"], params["dt_bias"],
