@@ -100,3 +100,33 @@ def fused_gdn(qkv, a, b, conv_weight, A_log, dt_bias, *, num_k_heads, num_v_head
     o, _ = chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=chunk_size,
                                   use_qk_l2norm_in_kernel=True)
     return o.reshape(tokens, hv * dv)
+
+
+def reference_block(params, x, cfg, **kw):
+    """gdn.jax.nn's GatedDeltaNet block with this file's ``fused_gdn`` in place of gdn's op
+    (zero initial states, each of x's B rows one sequence): the block's projections, norm and
+    gating are gdn.jax.nn's, the conv and the gated delta rule plain JAX. The training example
+    and bench/jax_nn_bench.py run it as their pure-JAX baseline."""
+    from gdn.jax import nn
+
+    batch, tokens = x.shape[0], x.shape[1]
+
+    def block_op(qkv, a, b, conv_weight, A_log, dt_bias, *, conv_state, recurrent_state,
+                 cu_seqlens, num_k_heads, num_v_heads, head_k_dim, head_v_dim, **_):
+        del cu_seqlens  # the block packs B rows of T tokens
+        if conv_state is not None or recurrent_state is not None:
+            raise ValueError("reference_block: initial states are not supported")
+        heads = dict(num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
+                     head_v_dim=head_v_dim)
+        weight = conv_weight.reshape(conv_weight.shape[0], conv_weight.shape[-1])
+        rows = lambda t: t.reshape(batch, tokens, *t.shape[1:])  # noqa: E731
+        out = jax.vmap(lambda q, a_, b_: fused_gdn(q, a_, b_, weight, A_log, dt_bias, **heads))(
+            rows(qkv), rows(a), rows(b))
+        return out.reshape(batch * tokens, -1).astype(qkv.dtype), None, None
+
+    original = nn.fused_gdn
+    nn.fused_gdn = block_op
+    try:
+        return nn.gated_delta_net(params, x, cfg, **kw)
+    finally:
+        nn.fused_gdn = original
