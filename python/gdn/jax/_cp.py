@@ -74,7 +74,8 @@ def combine(o0, r, e, m, initial_state: Optional[jax.Array], cp_axis, axis_size:
     es = jax.lax.all_gather(e, cp_axis)
     state = jnp.zeros_like(e) if initial_state is None else initial_state.astype(e.dtype)
     entering = []
-    for j in range(axis_size):  # S_{j+1} = M_j S_j + E_j, in order: results do not depend on P
+    # S_{j+1} = M_j S_j + E_j in the same order on every device: all reach the same final state
+    for j in range(axis_size):
         entering.append(state)
         state = jnp.einsum("bhij,bhjv->bhiv", ms[j], state, precision=_HIGHEST) + es[j]
     index = jax.lax.axis_index(cp_axis)
