@@ -14,6 +14,10 @@ Each row runs in its own process. Latency is the median of --repeats runs after 
 through /proc/self/clear_refs after the warm-up, with free memory returned to the system
 first) over its resident set before the timed runs, so it counts what the call allocates
 (activations, residuals, XLA's temporaries) and not the inputs, parameters or compiled code.
+"kept" is what the forward holds for the backward (the bytes of the residual arrays of
+``jax.vjp`` of the forward, inputs and parameters excepted): what the remat choice changes, and
+what each further layer of a deep model adds to its peak, while one block's own peak is its
+backward's working set.
 A row runs only where its peak, extrapolated linearly in T from the same row at the smallest
 --seq, fits in --budget (gdn) or --baseline-budget (pure JAX) GiB, 14 each on this 24 GiB
 machine; the table names the rows that would not fit and what they would need.
@@ -121,8 +125,15 @@ def worker(cfg):
         jax.block_until_ready(out)
         times.append(time.perf_counter() - start)
         del out
-    print(json.dumps({"ms": 1e3 * statistics.median(times),
-                      "peak_bytes": _status("VmHWM") - before}), flush=True)
+    result = {"ms": 1e3 * statistics.median(times), "peak_bytes": _status("VmHWM") - before}
+    if cfg["pass"] != "fwd":
+        # What the forward keeps for the backward: the residual arrays a VJP of the forward
+        # holds (the inputs and parameters excepted), what each further layer of a model adds.
+        _, vjp_fn = jax.vjp(jax.jit(forward), params, x)
+        inputs = {id(a) for a in jax.tree_util.tree_leaves((params, x))}
+        result["kept_bytes"] = sum(a.nbytes for a in jax.tree_util.tree_leaves(vjp_fn)
+                                   if hasattr(a, "nbytes") and id(a) not in inputs)
+    print(json.dumps(result), flush=True)
 
 
 def run_row(cfg):
@@ -182,7 +193,7 @@ def main(argv=None):
           f"{args.dtype}; latency median of {args.repeats}, peak memory beyond inputs",
           flush=True)
     print(f"{'tokens':>7} {'pass':8} {'op':6} {'residuals':16} {'latency s':>10} "
-          f"{'peak GiB':>9}", flush=True)
+          f"{'peak GiB':>9} {'kept GiB':>9}", flush=True)
     plans = []
     for seq in sorted(args.seq):
         for pss in ("fwd", "fwd+bwd"):
@@ -215,8 +226,9 @@ def main(argv=None):
                   f"  failed: {row['error']}", flush=True)
             continue
         base_bytes_per_token.setdefault(key, row["peak_bytes"] / plan["seq"])
+        kept = f"{row['kept_bytes'] / 2 ** 30:9.2f}" if "kept_bytes" in row else f"{'':9}"
         print(f"{plan['seq']:7d} {plan['pass']:8} {plan['impl']:6} {plan['label']:16} "
-              f"{row['ms'] / 1e3:10.2f} {row['peak_bytes'] / 2 ** 30:9.2f}", flush=True)
+              f"{row['ms'] / 1e3:10.2f} {row['peak_bytes'] / 2 ** 30:9.2f} {kept}", flush=True)
     if args.svg:
         svg_plot(rows, args.svg)
         print(f"wrote {args.svg}")
