@@ -9,11 +9,13 @@ Examples:
   .venv/bin/python bench/jax_nn_bench.py --seq 8192 --repeats 3
   .venv/bin/python bench/jax_nn_bench.py --svg docs/img/jax_nn_bench.svg
 
-Each row runs in its own process. Latency is the median of --repeats runs after a warm-up
-(compile). Peak memory is measured: the rise of the process's peak resident set (VmHWM, reset
-through /proc/self/clear_refs after the warm-up, with free memory returned to the system
-first) over its resident set before the timed runs, so it counts what the call allocates
-(activations, residuals, XLA's temporaries) and not the inputs, parameters or compiled code.
+Each row runs in two processes. Latency: the median of --repeats runs after a warm-up
+(compile). Peak memory, measured: the call compiled ahead, then run once with glibc's mmap
+threshold at 64 KiB (MALLOC_MMAP_THRESHOLD_), so every large buffer, XLA's and the C++ op's,
+is mapped when allocated and unmapped when freed; the rise of the process's peak resident set
+(VmHWM, reset through /proc/self/clear_refs) over its resident set before the run counts
+what the call allocates (activations, residuals, temporaries, outputs), not the inputs,
+parameters or compiled code.
 "kept" is what the forward holds for the backward (the bytes of the residual arrays of
 ``jax.vjp`` of the forward, inputs and parameters excepted): what the remat choice changes, and
 what each further layer of a deep model adds to its peak, while one block's own peak is its
@@ -115,30 +117,48 @@ def worker(cfg):
     else:
         fn = jax.jit(jax.grad(lambda p, x: jnp.sum(forward(p, x).astype(jnp.float32) ** 2),
                               argnums=(0, 1)))
-    jax.block_until_ready(fn(params, x))  # compile and warm up
-    _reset_peak()
-    before = _status("VmRSS")
-    times = []
-    for _ in range(cfg["repeats"]):
-        start = time.perf_counter()
-        out = fn(params, x)
-        jax.block_until_ready(out)
-        times.append(time.perf_counter() - start)
-        del out
-    result = {"ms": 1e3 * statistics.median(times), "peak_bytes": _status("VmHWM") - before}
-    if cfg["pass"] != "fwd":
-        # What the forward keeps for the backward: the residual arrays a VJP of the forward
-        # holds (the inputs and parameters excepted), what each further layer of a model adds.
-        _, vjp_fn = jax.vjp(jax.jit(forward), params, x)
-        inputs = {id(a) for a in jax.tree_util.tree_leaves((params, x))}
-        result["kept_bytes"] = sum(a.nbytes for a in jax.tree_util.tree_leaves(vjp_fn)
-                                   if hasattr(a, "nbytes") and id(a) not in inputs)
+    if cfg["measure"] == "memory":
+        # Compiled ahead, then one run: with glibc's mmap threshold at 64 KiB (set by
+        # run_row) every large buffer is mapped when allocated and unmapped when freed, so the
+        # peak resident set counts exactly what was live at once.
+        compiled = fn.lower(params, x).compile()
+        _reset_peak()
+        before = _status("VmRSS")
+        jax.block_until_ready(compiled(params, x))
+        result = {"peak_bytes": _status("VmHWM") - before}
+        if cfg["pass"] != "fwd":
+            # What the forward keeps for the backward: the residual arrays of a VJP of the
+            # forward (inputs and parameters excepted), what each further layer adds.
+            _, vjp_fn = jax.vjp(jax.jit(forward), params, x)
+            inputs = {id(a) for a in jax.tree_util.tree_leaves((params, x))}
+            result["kept_bytes"] = sum(a.nbytes for a in jax.tree_util.tree_leaves(vjp_fn)
+                                       if hasattr(a, "nbytes") and id(a) not in inputs)
+    else:
+        jax.block_until_ready(fn(params, x))  # compile and warm up
+        times = []
+        for _ in range(cfg["repeats"]):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(params, x))
+            times.append(time.perf_counter() - start)
+        result = {"ms": 1e3 * statistics.median(times)}
     print(json.dumps(result), flush=True)
 
 
 def run_row(cfg):
+    """Latency (default allocator) and memory (mmap threshold 64 KiB), each in its own
+    process."""
+    result = {}
+    for measure, env in (("latency", {}), ("memory", {"MALLOC_MMAP_THRESHOLD_": "65536"})):
+        got = _run_worker(dict(cfg, measure=measure), env)
+        if "error" in got:
+            return got
+        result.update(got)
+    return result
+
+
+def _run_worker(cfg, env):
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cfg)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=dict(os.environ, **env))
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"error": (proc.stderr.strip().splitlines() or ["killed"])[-1][:200]}
