@@ -260,8 +260,8 @@ class ForwardValidation : public ::testing::TestWithParam<Rule> {};
 
 // The CPU op, then the float64 reference on the same broken inputs. The reference takes
 // float64 outputs, so its output rules are those of the CPU op with f64 for f32: only the
-// input and option rules run on it, except algorithm and isa, which it ignores
-// (gdn/reference.h).
+// input and option rules run on it, except algorithm, isa and matmul_precision, which it
+// ignores (gdn/reference.h).
 TEST_P(ForwardValidation, Rejects) {
   const Rule& rule = GetParam();
   const std::string arg = rule.argument;
