@@ -58,14 +58,7 @@ struct BackwardCall {
   bool untouched() { return test::hold_sentinel(tensors()); }
 };
 
-struct Rule {
-  const char* name;  // the test's name
-  const char* argument;
-  std::vector<const char*> words;  // in the message besides "expected" and "given"
-  std::function<void(BackwardCall&)> breaks;
-};
-
-void PrintTo(const Rule& rule, std::ostream* os) { *os << rule.name; }
+using Rule = test::Rule<BackwardCall>;
 
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> all = {
@@ -136,10 +129,7 @@ TEST_P(BackwardValidation, ThrowsNamingTheArgumentAndWritesNothing) {
   EXPECT_TRUE(c.untouched()) << "a gradient was written before rule " << rule.name << " threw";
 }
 
-INSTANTIATE_TEST_SUITE_P(Core, BackwardValidation, ::testing::ValuesIn(rules()),
-                         [](const ::testing::TestParamInfo<Rule>& rule) {
-                           return rule.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Core, BackwardValidation, ::testing::ValuesIn(rules()), test::RuleName());
 
 // The unbroken call is accepted, and writes (so the sentinel check above can fail).
 TEST(BackwardValidation, TheValidCallRunsAndWrites) {

@@ -81,154 +81,129 @@ struct ConvCall {
   }
 };
 
-// input: an input or option rule, run through both directions; forward / backward: a rule of
-// that direction's outputs (or the backward's cotangents).
+using Rule = test::Rule<ConvCall>;
+
+// An input or option rule runs through both directions; the rule of an output runs through the
+// forward, that of a cotangent or a gradient (d_...) through the backward.
 enum class Op { input, forward, backward };
 
-struct Rule {
-  const char* name;  // the test's name
-  Op op;
-  const char* argument;
-  std::vector<const char*> words;  // in the message besides "expected" and "given"
-  std::function<void(ConvCall&)> breaks;
-};
-
-void PrintTo(const Rule& rule, std::ostream* os) { *os << rule.name; }
+Op op_of(const Rule& rule) {
+  const std::string arg = rule.argument;
+  if (arg == "out" || arg == "final_state") return Op::forward;
+  return arg.rfind("d_", 0) == 0 ? Op::backward : Op::input;
+}
 
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> all = {
       // x.
-      {"XRankNot2", Op::input, "x", {"rank 2 [T, D]", "rank 3"}, [](ConvCall& c) {
-         c.in.x.rank = 3;
-       }},
+      {"XRankNot2", "x", {"rank 2 [T, D]", "rank 3"}, [](ConvCall& c) { c.in.x.rank = 3; }},
       {"XIntegerDtype",
-       Op::input,
        "x",
        {"dtype f32, f64, bf16 or f16", "i64"},
        [](ConvCall& c) { c.in.x.dtype = DType::i64; }},
       {"XNegativeSize",
-       Op::input,
        "x",
        {"non-negative sizes", "[-1, 24]"},
        [](ConvCall& c) { c.in.x.sizes[0] = -1; }},
       {"XOverflowingSize",
-       Op::input,
        "x",
        {"an element count that fits in int64"},
        [](ConvCall& c) { c.in.x.sizes[0] = std::int64_t{1} << 60; }},
       {"XMisaligned",
-       Op::input,
        "x",
        {"aligned to 4 bytes (f32)"},
        [](ConvCall& c) { c.in.x.data = static_cast<const char*>(c.in.x.data) + 1; }},
-      {"XNull", Op::input, "x", {"non-null"}, [](ConvCall& c) { c.in.x.data = nullptr; }},
+      {"XNull", "x", {"non-null"}, [](ConvCall& c) { c.in.x.data = nullptr; }},
       {"XRankImpossible",
-       Op::input,
        "x",
        {"rank from 0 (absent) to 4", "7"},
        [](ConvCall& c) { c.in.x.rank = 7; }},
       // weight, bias, initial_state, cu_seqlens.
       {"WeightTapsAbove8",
-       Op::input,
        "weight",
        {"K from 1 to 8", "K = 9"},
        [](ConvCall& c) { c.in.weight.sizes[1] = 9; }},
       {"WeightChannelsNotThoseOfX",
-       Op::input,
        "weight",
        {"[D, K] or [D, 1, K] with D = 24", "[25, 4]"},
        [](ConvCall& c) { c.in.weight.sizes[0] = 25; }},
       {"WeightDtype",
-       Op::input,
        "weight",
        {"dtype f32", "f64"},
        [](ConvCall& c) { c.in.weight.dtype = DType::f64; }},
-      {"BiasShape", Op::input, "bias", {"[D]", "[23]"}, [](ConvCall& c) {
-         c.in.bias.sizes[0] = 23;
-       }},
-      {"BiasDtype", Op::input, "bias", {"dtype f32", "f64"}, [](ConvCall& c) {
-         c.in.bias.dtype = DType::f64;
-       }},
+      {"BiasShape", "bias", {"[D]", "[23]"}, [](ConvCall& c) { c.in.bias.sizes[0] = 23; }},
+      {"BiasDtype",
+       "bias",
+       {"dtype f32", "f64"},
+       [](ConvCall& c) { c.in.bias.dtype = DType::f64; }},
       {"InitialStateShape",
-       Op::input,
        "initial_state",
        {"[N, K - 1, D] = [2, 3, 24]", "[1, 3, 24]"},
        [](ConvCall& c) { c.in.initial_state.sizes[0] = 1; }},
       {"InitialStateDtype",
-       Op::input,
        "initial_state",
        {"dtype f32", "f64"},
        [](ConvCall& c) { c.in.initial_state.dtype = DType::f64; }},
       {"CuSeqlensDecreasing",
-       Op::input,
        "cu_seqlens",
        {"non-decreasing"},
-       [](ConvCall& c) { c.set_cu_seqlens({0, 12, 10, 16}); }},
+       [](ConvCall& c) {
+         c.set_cu_seqlens({0, 12, 10, 16});
+       }},
       {"CuSeqlensNotEndingAtT",
-       Op::input,
        "cu_seqlens",
        {"cu_seqlens[N] = T = 16", "15"},
-       [](ConvCall& c) { c.set_cu_seqlens({0, 10, 15}); }},
+       [](ConvCall& c) {
+         c.set_cu_seqlens({0, 10, 15});
+       }},
       {"CuSeqlensInt32",
-       Op::input,
        "cu_seqlens",
        {"i64", "i32"},
        [](ConvCall& c) { c.in.cu_seqlens.dtype = DType::i32; }},
       // Options.
       {"ThreadsNegative",
-       Op::input,
        "options.threads",
        {"0 (all cores) to 1024", "-1"},
        [](ConvCall& c) { c.options.threads = -1; }},
       {"IsaOutOfRange",
-       Op::input,
        "options.isa",
        {"automatic, generic, avx2, avx512 or avx512_bf16", "9"},
        [](ConvCall& c) { c.options.isa = static_cast<CpuIsa>(9); }},
       {"ActivationOutOfRange",
-       Op::input,
        "options.activation",
        {"none or silu", "7"},
        [](ConvCall& c) { c.options.activation = static_cast<ConvActivation>(7); }},
       // The forward's outputs.
-      {"OutAbsent", Op::forward, "out", {"absent"}, [](ConvCall& c) { c.fwd_out.out = {}; }},
+      {"OutAbsent", "out", {"absent"}, [](ConvCall& c) { c.fwd_out.out = {}; }},
       {"OutShape",
-       Op::forward,
        "out",
        {"[T, D] (that of x)", "[15, 24]"},
        [](ConvCall& c) { c.fwd_out.out.sizes[0] = 15; }},
       {"OutDtype",
-       Op::forward,
        "out",
        {"dtype f32 (the dtype of x)", "bf16"},
        [](ConvCall& c) { c.fwd_out.out.dtype = DType::bf16; }},
       {"OutElementsShareAnAddress",
-       Op::forward,
        "out",
        {"own address"},
        [](ConvCall& c) { c.fwd_out.out.strides[0] = 0; }},
       {"FinalStateShape",
-       Op::forward,
        "final_state",
        {"[N, K - 1, D]", "[2, 2, 24]"},
        [](ConvCall& c) { c.fwd_out.final_state.sizes[1] = 2; }},
       {"FinalStateDtype",
-       Op::forward,
        "final_state",
        {"dtype f32", "f64"},
        [](ConvCall& c) { c.fwd_out.final_state.dtype = DType::f64; }},
       {"OutOverlapsX",
-       Op::forward,
        "out",
        {"does not overlap the input 'x'"},
        [](ConvCall& c) { c.fwd_out.out.data = const_cast<void*>(c.in.x.data); }},
       {"FinalStateOverlapsOut",
-       Op::forward,
        "out",
        {"does not overlap 'final_state'"},
        [](ConvCall& c) { c.fwd_out.final_state.data = c.fwd_out.out.data; }},
       {"FinalStateOverlapsInitialStateNotExactly",
-       Op::forward,
        "final_state",
        {"exactly the view of initial_state"},
        [](ConvCall& c) {
@@ -236,75 +211,58 @@ const std::vector<Rule>& rules() {
              static_cast<float*>(const_cast<void*>(c.in.initial_state.data)) + 1;
        }},
       // The backward's cotangents and gradients.
-      {"DOutAbsent", Op::backward, "d_out", {"absent"}, [](ConvCall& c) { c.d_out_view = {}; }},
+      {"DOutAbsent", "d_out", {"absent"}, [](ConvCall& c) { c.d_out_view = {}; }},
       {"DOutShape",
-       Op::backward,
        "d_out",
        {"[T, D] (that of x)", "[15, 24]"},
        [](ConvCall& c) { c.d_out_view.sizes[0] = 15; }},
       {"DOutDtype",
-       Op::backward,
        "d_out",
        {"dtype f32 (the dtype of x)", "f64"},
        [](ConvCall& c) { c.d_out_view.dtype = DType::f64; }},
       {"DFinalStateShape",
-       Op::backward,
        "d_final_state",
        {"[N, K - 1, D]", "[2, 3, 23]"},
        [](ConvCall& c) { c.d_final_state_view.sizes[2] = 23; }},
       {"DFinalStateDtype",
-       Op::backward,
        "d_final_state",
        {"dtype f32", "f64"},
        [](ConvCall& c) { c.d_final_state_view.dtype = DType::f64; }},
-      {"DxAbsent", Op::backward, "d_x", {"absent"}, [](ConvCall& c) { c.bwd_out.d_x = {}; }},
+      {"DxAbsent", "d_x", {"absent"}, [](ConvCall& c) { c.bwd_out.d_x = {}; }},
       {"DxShape",
-       Op::backward,
        "d_x",
        {"[T, D] (that of x)", "[16, 23]"},
        [](ConvCall& c) { c.bwd_out.d_x.sizes[1] = 23; }},
       {"DxDtype",
-       Op::backward,
        "d_x",
        {"dtype f32 (the dtype of x)", "f64"},
        [](ConvCall& c) { c.bwd_out.d_x.dtype = DType::f64; }},
-      {"DWeightAbsent",
-       Op::backward,
-       "d_weight",
-       {"absent"},
-       [](ConvCall& c) { c.bwd_out.d_weight = {}; }},
+      {"DWeightAbsent", "d_weight", {"absent"}, [](ConvCall& c) { c.bwd_out.d_weight = {}; }},
       {"DWeightShape",
-       Op::backward,
        "d_weight",
        {"that of weight", "[24, 3]"},
        [](ConvCall& c) { c.bwd_out.d_weight.sizes[1] = 3; }},
       {"DBiasWithoutBias",
-       Op::backward,
        "d_bias",
        {"absent (the forward has no bias)", "[24]"},
        [](ConvCall& c) { c.in.bias = {}; }},
       {"DBiasShape",
-       Op::backward,
        "d_bias",
        {"[D]", "[12]"},
        [](ConvCall& c) { c.bwd_out.d_bias.sizes[0] = 12; }},
       {"DInitialStateShape",
-       Op::backward,
        "d_initial_state",
        {"[N, K - 1, D]", "[1, 3, 24]"},
        [](ConvCall& c) { c.bwd_out.d_initial_state.sizes[0] = 1; }},
       {"DxOverlapsX",
-       Op::backward,
        "d_x",
        {"does not overlap the input 'x'"},
        [](ConvCall& c) { c.bwd_out.d_x.data = const_cast<void*>(c.in.x.data); }},
       {"DxOverlapsDOut",
-       Op::backward,
        "d_x",
        {"does not overlap the input 'd_out'"},
        [](ConvCall& c) { c.bwd_out.d_x.data = const_cast<void*>(c.d_out_view.data); }},
       {"DWeightOverlapsDx",
-       Op::backward,
        "d_x",
        {"does not overlap 'd_weight'"},
        [](ConvCall& c) { c.bwd_out.d_weight.data = c.bwd_out.d_x.data; }},
@@ -323,8 +281,9 @@ TEST_P(ConvValidation, Rejects) {
   const bool output_rule = arg == "out" || arg == "final_state" || arg == "d_x" ||
                            arg == "d_weight" || arg == "d_initial_state" ||
                            (arg == "d_bias" && std::string(rule.name) != "DBiasWithoutBias");
+  const Op op = op_of(rule);
   for (const bool backward : {false, true}) {
-    if ((rule.op == Op::forward && backward) || (rule.op == Op::backward && !backward)) continue;
+    if ((op == Op::forward && backward) || (op == Op::backward && !backward)) continue;
     for (const bool reference : {false, true}) {
       if (reference && output_rule) continue;
       ConvCall c;
@@ -348,10 +307,7 @@ TEST_P(ConvValidation, Rejects) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Conv, ConvValidation, ::testing::ValuesIn(rules()),
-                         [](const ::testing::TestParamInfo<Rule>& rule) {
-                           return rule.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Conv, ConvValidation, ::testing::ValuesIn(rules()), test::RuleName());
 
 // The unbroken calls are accepted, and write (so the sentinel check above can fail).
 TEST(ConvValidation, TheValidCallsRunAndWrite) {

@@ -298,10 +298,7 @@ TEST_P(LayerValidation, ThrowsNamingTheArgumentAndWritesNothing) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layer, LayerValidation, ::testing::ValuesIn(rules()),
-                         [](const ::testing::TestParamInfo<Rule>& rule) {
-                           return rule.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Layer, LayerValidation, ::testing::ValuesIn(rules()), test::RuleName());
 
 // The unbroken call is accepted, and writes (so the sentinel check above can fail).
 TEST(LayerValidation, TheValidCallRunsAndWrites) {

@@ -113,14 +113,7 @@ struct StepCall {
   }
 };
 
-struct Rule {
-  const char* name;  // the test's name
-  const char* argument;
-  std::vector<const char*> words;  // in the message besides "expected" and "given"
-  std::function<void(StepCall&)> breaks;
-};
-
-void PrintTo(const Rule& rule, std::ostream* os) { *os << rule.name; }
+using Rule = test::Rule<StepCall>;
 
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> all = {
@@ -156,7 +149,9 @@ const std::vector<Rule>& rules() {
       {"PaddingMadeLiveByMixedEndPastN",
        "state_indices",
        {"a slot in [1, 12)", "state_indices[4] = -1"},
-       [](StepCall& c) { c.dist = {2, 3, 6}; }},
+       [](StepCall& c) {
+         c.dist = {2, 3, 6};
+       }},
       {"StateIndicesAbsent",
        "state_indices",
        {"int64 [N]", "absent"},
@@ -253,19 +248,27 @@ const std::vector<Rule>& rules() {
       {"DecodeEndAbovePrefillEnd",
        "distribution",
        {"0 <= decode_end <= prefill_end <= mixed_end", "[3, 2, 4]"},
-       [](StepCall& c) { c.dist = {3, 2, 4}; }},
+       [](StepCall& c) {
+         c.dist = {3, 2, 4};
+       }},
       {"PrefillEndAboveMixedEnd",
        "distribution",
        {"0 <= decode_end <= prefill_end <= mixed_end", "[2, 5, 4]"},
-       [](StepCall& c) { c.dist = {2, 5, 4}; }},
+       [](StepCall& c) {
+         c.dist = {2, 5, 4};
+       }},
       {"DecodeEndPastNClampedAbovePrefillEnd",
        "distribution",
        {"each value past N = 5 counting as N", "[9, 3, 4]"},
-       [](StepCall& c) { c.dist = {9, 3, 4}; }},
+       [](StepCall& c) {
+         c.dist = {9, 3, 4};
+       }},
       {"DecodeEndNegative",
        "distribution",
        {"0 <= decode_end", "[-1, 3, 4]"},
-       [](StepCall& c) { c.dist = {-1, 3, 4}; }},
+       [](StepCall& c) {
+         c.dist = {-1, 3, 4};
+       }},
       {"DistributionOfTwoEntries",
        "distribution",
        {"[3] = [decode_end, prefill_end, mixed_end]", "[2]"},
@@ -386,10 +389,7 @@ const std::vector<Rule>& rules() {
        "options.hv",
        {"a multiple of options.hk = 3", "4"},
        [](StepCall& c) { c.options.hk = 3; }},
-      {"DkAbove256",
-       "options.dk",
-       {"<= 256", "300"},
-       [](StepCall& c) { c.options.dk = 300; }},
+      {"DkAbove256", "options.dk", {"<= 256", "300"}, [](StepCall& c) { c.options.dk = 300; }},
       {"MatmulPrecisionBf16",
        "options.matmul_precision",
        {"compute", "bf16"},
@@ -428,17 +428,14 @@ TEST_P(StepValidation, Rejects) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Step, StepValidation, ::testing::ValuesIn(rules()),
-                         [](const ::testing::TestParamInfo<Rule>& rule) {
-                           return rule.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Step, StepValidation, ::testing::ValuesIn(rules()), test::RuleName());
 
 // The float64 reference takes float64 activations only.
 TEST(StepValidation, ReferenceRejectsFloat32Activations) {
   StepCall c(problem(Variant::f32_pools));
-  test::expect_rejected(
-      [&c] { ref::fused_gdn_step(c.in, c.pools, c.out_view, c.options); },
-      "ReferenceRejectsFloat32Activations", "qkv", {"dtype f64 (the reference runs in float64)"});
+  test::expect_rejected([&c] { ref::fused_gdn_step(c.in, c.pools, c.out_view, c.options); },
+                        "ReferenceRejectsFloat32Activations", "qkv",
+                        {"dtype f64 (the reference runs in float64)"});
   EXPECT_TRUE(test::bit_identical(c.conv_pool, c.p.conv_pool, "conv_state pool"));
   EXPECT_TRUE(test::bit_identical(c.rec_pool, c.p.rec_pool, "recurrent_state pool"));
 }

@@ -61,14 +61,7 @@ struct Fixture {
   }
 };
 
-struct Rule {
-  const char* name;  // the test's name
-  const char* argument;
-  std::vector<const char*> words;  // in the message besides "expected" and "given"
-  std::function<void(Fixture&)> breaks;
-};
-
-void PrintTo(const Rule& rule, std::ostream* os) { *os << rule.name; }
+using Rule = test::Rule<Fixture>;
 
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> all = {
@@ -93,7 +86,10 @@ const std::vector<Rule>& rules() {
        [](Fixture& s) { s.in.v.sizes[1] = 3; }},
       {"VTokensNotThoseOfQ", "v", {"[70]", "[69, 4, 8]"}, [](Fixture& s) { s.in.v.sizes[0] = 69; }},
       {"DvZero", "v", {"Dv in [1, 256]", "Dv = 0"}, [](Fixture& s) { s.in.v.sizes[2] = 0; }},
-      {"DvAbove256", "v", {"Dv in [1, 256]", "Dv = 257"}, [](Fixture& s) { s.in.v.sizes[2] = 257; }},
+      {"DvAbove256",
+       "v",
+       {"Dv in [1, 256]", "Dv = 257"},
+       [](Fixture& s) { s.in.v.sizes[2] = 257; }},
       {"VRankNotThatOfQ", "v", {"rank 3"}, [](Fixture& s) { s.in.v.rank = 4; }},
       {"GShape", "g", {"[T, Hv]", "[70, 4]", "[70, 2]"}, [](Fixture& s) { s.in.g.sizes[1] = 2; }},
       {"BetaDtype", "beta", {"f32"}, [](Fixture& s) { s.in.beta.dtype = DType::f64; }},
@@ -105,19 +101,27 @@ const std::vector<Rule>& rules() {
       {"CuSeqlensNotStartingAt0",
        "cu_seqlens",
        {"cu_seqlens[0] = 0", "5"},
-       [](Fixture& s) { s.set_cu_seqlens({5, 40, 70}); }},
+       [](Fixture& s) {
+         s.set_cu_seqlens({5, 40, 70});
+       }},
       {"CuSeqlensDecreasing",
        "cu_seqlens",
        {"non-decreasing", "cu_seqlens[2] = 30 < cu_seqlens[1] = 40"},
-       [](Fixture& s) { s.set_cu_seqlens({0, 40, 30, 70}); }},
+       [](Fixture& s) {
+         s.set_cu_seqlens({0, 40, 30, 70});
+       }},
       {"CuSeqlensNotEndingAtT",
        "cu_seqlens",
        {"cu_seqlens[N] = T = 70", "68"},
-       [](Fixture& s) { s.set_cu_seqlens({0, 40, 68}); }},
+       [](Fixture& s) {
+         s.set_cu_seqlens({0, 40, 68});
+       }},
       {"CuSeqlensPastT",
        "cu_seqlens",
        {"values <= T = 70", "90"},
-       [](Fixture& s) { s.set_cu_seqlens({0, 90, 70}); }},
+       [](Fixture& s) {
+         s.set_cu_seqlens({0, 90, 70});
+       }},
       {"CuSeqlensNoSequence",
        "cu_seqlens",
        {"N >= 1", "[1]"},
@@ -135,9 +139,10 @@ const std::vector<Rule>& rules() {
        "options.chunk_size",
        {"[1, 256]", "512"},
        [](Fixture& s) { s.options.chunk_size = 512; }},
-      {"ScaleNaN", "options.scale", {"finite", "nan"}, [](Fixture& s) {
-         s.options.scale = std::nan("");
-       }},
+      {"ScaleNaN",
+       "options.scale",
+       {"finite", "nan"},
+       [](Fixture& s) { s.options.scale = std::nan(""); }},
       {"ScaleInfinite",
        "options.scale",
        {"finite", "inf"},
@@ -267,8 +272,8 @@ TEST_P(ForwardValidation, Rejects) {
   const std::string arg = rule.argument;
   const bool output_rule =
       arg == "o" || arg == "final_state" || arg == "chunk_states" || arg == "t_inv";
-  const bool ignored_by_reference = arg == "options.algorithm" || arg == "options.isa" ||
-                                    arg == "options.matmul_precision";
+  const bool ignored_by_reference =
+      arg == "options.algorithm" || arg == "options.isa" || arg == "options.matmul_precision";
   for (const bool reference : {false, true}) {
     if (reference && (output_rule || ignored_by_reference)) continue;
     Fixture s;
@@ -293,10 +298,7 @@ TEST_P(ForwardValidation, Rejects) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Core, ForwardValidation, ::testing::ValuesIn(rules()),
-                         [](const ::testing::TestParamInfo<Rule>& rule) {
-                           return rule.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Core, ForwardValidation, ::testing::ValuesIn(rules()), test::RuleName());
 
 // The unbroken call is accepted, and writes (so the sentinel check above can fail).
 TEST(ForwardValidation, TheValidCallRunsAndWrites) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,29 @@
 namespace gdn::test {
 
 inline constexpr unsigned char kSentinel = 0xA5;
+
+// One rule of an entry point: its test's name, the argument its message names, the words its
+// message holds besides "expected" and "given", and how it breaks a valid call.
+template <class Call>
+struct Rule {
+  const char* name;
+  const char* argument;
+  std::vector<const char*> words;
+  std::function<void(Call&)> breaks;
+};
+
+template <class Call>
+void PrintTo(const Rule<Call>& rule, std::ostream* os) {
+  *os << rule.name;
+}
+
+// INSTANTIATE_TEST_SUITE_P's name generator: each test is named after its rule.
+struct RuleName {
+  template <class Param>
+  std::string operator()(const ::testing::TestParamInfo<Param>& info) const {
+    return info.param.name;
+  }
+};
 
 // Fills every tensor with the sentinel byte.
 inline void fill_sentinel(const std::vector<Tensor*>& tensors) {
