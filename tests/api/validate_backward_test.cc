@@ -7,13 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "common/problem.h"
+#include "common/validation.h"
 
 namespace gdn {
 namespace {
@@ -47,7 +47,7 @@ struct BackwardCall {
     in.chunk_states = fwd.chunk_states.view();
     in.t_inv = fwd.t_inv.view();
     grads = chunk_gated_delta_rule_bwd(in, options);
-    for (Tensor* x : tensors()) std::memset(x->raw(), 0xA5, x->bytes());
+    test::fill_sentinel(tensors());
     out = {grads.dq.mutable_view(),    grads.dk.mutable_view(),
            grads.dv.mutable_view(),    grads.dg.mutable_view(),
            grads.dbeta.mutable_view(), grads.d_initial_state.mutable_view()};
@@ -55,25 +55,10 @@ struct BackwardCall {
   std::vector<Tensor*> tensors() {
     return {&grads.dq, &grads.dk, &grads.dv, &grads.dg, &grads.dbeta, &grads.d_initial_state};
   }
-  bool untouched() {
-    for (Tensor* x : tensors()) {
-      const auto* b = static_cast<const unsigned char*>(x->raw());
-      for (std::size_t i = 0; i < x->bytes(); ++i) {
-        if (b[i] != 0xA5) return false;
-      }
-    }
-    return true;
-  }
+  bool untouched() { return test::hold_sentinel(tensors()); }
 };
 
-struct Rule {
-  const char* name;  // the test's name
-  const char* argument;
-  std::vector<const char*> words;  // in the message besides "expected" and "given"
-  std::function<void(BackwardCall&)> breaks;
-};
-
-void PrintTo(const Rule& rule, std::ostream* os) { *os << rule.name; }
+using Rule = test::Rule<BackwardCall>;
 
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> all = {
@@ -139,27 +124,12 @@ TEST_P(BackwardValidation, ThrowsNamingTheArgumentAndWritesNothing) {
   const Rule& rule = GetParam();
   BackwardCall c;
   rule.breaks(c);
-  try {
-    chunk_gated_delta_rule_bwd(c.in, c.out, c.options);
-    ADD_FAILURE() << "no error for rule " << rule.name;
-  } catch (const InvalidArgument& e) {
-    const std::string what = e.what();
-    EXPECT_EQ(e.argument(), rule.argument) << what;
-    for (const char* w : {"expected", "given"}) {
-      EXPECT_NE(what.find(w), std::string::npos) << "'" << w << "' not in: " << what;
-    }
-    for (const char* w : rule.words) {
-      EXPECT_NE(what.find(w), std::string::npos) << "'" << w << "' not in: " << what;
-    }
-    std::printf("[ MESSAGE  ] %s: %s\n", rule.name, what.c_str());
-  }
+  test::expect_rejected([&c] { chunk_gated_delta_rule_bwd(c.in, c.out, c.options); }, rule.name,
+                        rule.argument, rule.words);
   EXPECT_TRUE(c.untouched()) << "a gradient was written before rule " << rule.name << " threw";
 }
 
-INSTANTIATE_TEST_SUITE_P(Core, BackwardValidation, ::testing::ValuesIn(rules()),
-                         [](const ::testing::TestParamInfo<Rule>& rule) {
-                           return rule.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Core, BackwardValidation, ::testing::ValuesIn(rules()), test::RuleName());
 
 // The unbroken call is accepted, and writes (so the sentinel check above can fail).
 TEST(BackwardValidation, TheValidCallRunsAndWrites) {

@@ -7,13 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "common/layer_problem.h"
+#include "common/validation.h"
 
 namespace gdn {
 namespace {
@@ -53,7 +53,7 @@ struct LayerCall {
     d_dt = Tensor(DType::f32, {hv});
     d_conv = Tensor(DType::f32, {n, spec.taps - 1, d});
     d_rec = Tensor(DType::f32, {n, hv, spec.dk, spec.dv});
-    for (Tensor* x : outputs()) std::memset(x->raw(), 0xA5, x->bytes());
+    test::fill_sentinel(outputs());
     fwd_out = {out.mutable_view(), conv_out.mutable_view(), rec_out.mutable_view(), {}, {}};
     bwd_out = {d_qkv.mutable_view(), d_a.mutable_view(),    d_b.mutable_view(),
                d_w.mutable_view(),   d_bias.mutable_view(), d_alog.mutable_view(),
@@ -63,15 +63,7 @@ struct LayerCall {
     return {&out, &conv_out, &rec_out, &d_qkv, &d_a,    &d_b,
             &d_w, &d_bias,   &d_alog,  &d_dt,  &d_conv, &d_rec};
   }
-  bool untouched() {
-    for (Tensor* x : outputs()) {
-      const auto* b = static_cast<const unsigned char*>(x->raw());
-      for (std::size_t i = 0; i < x->bytes(); ++i) {
-        if (b[i] != 0xA5) return false;
-      }
-    }
-    return true;
-  }
+  bool untouched() { return test::hold_sentinel(outputs()); }
 };
 
 enum class Op { forward, backward };
@@ -290,35 +282,23 @@ TEST_P(LayerValidation, ThrowsNamingTheArgumentAndWritesNothing) {
       continue;
     }
     const std::string which = reference ? "ref::" : "";
-    try {
-      if (rule.op == Op::forward) {
-        reference ? ref::fused_gdn_fwd(c.in, c.fwd_out, c.options)
-                  : fused_gdn_fwd(c.in, c.fwd_out, c.options);
-      } else {
-        reference ? ref::fused_gdn_bwd(c.bin, c.bwd_out, c.options)
-                  : fused_gdn_bwd(c.bin, c.bwd_out, c.options);
-      }
-      ADD_FAILURE() << which << "no error for rule " << rule.name;
-    } catch (const InvalidArgument& e) {
-      const std::string what = e.what();
-      EXPECT_EQ(e.argument(), rule.argument) << which << what;
-      for (const char* w : {"expected", "given"}) {
-        EXPECT_NE(what.find(w), std::string::npos) << which << "'" << w << "' not in: " << what;
-      }
-      for (const char* w : rule.words) {
-        EXPECT_NE(what.find(w), std::string::npos) << which << "'" << w << "' not in: " << what;
-      }
-      if (!reference) std::printf("[ MESSAGE  ] %s: %s\n", rule.name, what.c_str());
-    }
+    test::expect_rejected(
+        [&c, &rule, reference] {
+          if (rule.op == Op::forward) {
+            reference ? ref::fused_gdn_fwd(c.in, c.fwd_out, c.options)
+                      : fused_gdn_fwd(c.in, c.fwd_out, c.options);
+          } else {
+            reference ? ref::fused_gdn_bwd(c.bin, c.bwd_out, c.options)
+                      : fused_gdn_bwd(c.bin, c.bwd_out, c.options);
+          }
+        },
+        rule.name, rule.argument, rule.words, which, !reference);
     EXPECT_TRUE(c.untouched()) << which << "an output was written before rule " << rule.name
                                << " threw";
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layer, LayerValidation, ::testing::ValuesIn(rules()),
-                         [](const ::testing::TestParamInfo<Rule>& rule) {
-                           return rule.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Layer, LayerValidation, ::testing::ValuesIn(rules()), test::RuleName());
 
 // The unbroken call is accepted, and writes (so the sentinel check above can fail).
 TEST(LayerValidation, TheValidCallRunsAndWrites) {
