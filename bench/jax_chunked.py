@@ -109,6 +109,8 @@ def reference_block(params, x, cfg, **kw):
     and bench/jax_nn_bench.py run it as their pure-JAX baseline."""
     from gdn.jax import nn
 
+    if kw.get("cp_axis") is not None:  # that path would run gdn's kernels, not this file's
+        raise ValueError("reference_block: cp_axis is not supported")
     batch, tokens = x.shape[0], x.shape[1]
 
     def block_op(qkv, a, b, conv_weight, A_log, dt_bias, *, conv_state, recurrent_state,

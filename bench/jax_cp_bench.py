@@ -1,8 +1,10 @@
 """What context parallelism costs one device: gdn.jax's core op and layer op on one segment
 (Qwen3-Next shape) with ``cp_axis`` against the same calls without it, forward and
 forward + backward, in one run, interleaved. The segment runs inside ``jax.shard_map`` on a
-one-device mesh: the local work of a device of any mesh (the widened call, the fold of P
-segments' (M, E), the output correction) without the collectives, whose bytes are printed.
+one-device mesh: a device's local work (the widened call, the output correction, a fold of
+one segment, and their backward) without the collectives. What P devices add is printed from
+its formula, not timed: P - 1 more fold steps (forward FLOPs; the backward's as many again)
+and the bytes of the all-gather.
 
 Examples:
   .venv/bin/python bench/jax_cp_bench.py                     # 2048-token segment, all threads

@@ -16,8 +16,9 @@ is mapped when allocated and unmapped when freed; the rise of the process's peak
 (VmHWM, reset through /proc/self/clear_refs) over its resident set before the run counts
 what the call allocates (activations, residuals, temporaries, outputs), not the inputs,
 parameters or compiled code.
-"kept" is what the forward holds for the backward (the bytes of the residual arrays of
-``jax.vjp`` of the forward, inputs and parameters excepted): what the remat choice changes, and
+"kept" is what the forward holds for the backward (the bytes of the distinct residual arrays
+of ``jax.vjp`` of the forward, the inputs and parameters themselves excepted; with --dtype
+bfloat16 their bf16 copies count): what the remat choice changes, and
 what each further layer of a deep model adds to its peak, while one block's own peak is its
 backward's working set.
 A row runs only where its peak, extrapolated linearly in T from the same row at the smallest
@@ -131,8 +132,9 @@ def worker(cfg):
             # forward (inputs and parameters excepted), what each further layer adds.
             _, vjp_fn = jax.vjp(jax.jit(forward), params, x)
             inputs = {id(a) for a in jax.tree_util.tree_leaves((params, x))}
-            result["kept_bytes"] = sum(a.nbytes for a in jax.tree_util.tree_leaves(vjp_fn)
-                                       if hasattr(a, "nbytes") and id(a) not in inputs)
+            kept = {id(a): a for a in jax.tree_util.tree_leaves(vjp_fn)
+                    if hasattr(a, "nbytes") and id(a) not in inputs}
+            result["kept_bytes"] = sum(a.nbytes for a in kept.values())
     else:
         jax.block_until_ready(fn(params, x))  # compile and warm up
         times = []

@@ -1,6 +1,8 @@
 """Exact context parallelism (``cp_axis``) on 4 host devices: every output and gradient of a
-sequence sharded with ``jax.shard_map`` against the unsharded op (float32 rounding apart) and
-against the float64 pure-JAX reference. The sharded runs happen in one subprocess,
+sequence sharded with ``jax.shard_map`` against the unsharded op (rounding apart) and against
+a float64 reference (pure JAX for the core and layer ops, gdn's float64 kernels for the
+block), with decays slow enough that segments run alone would be far off; and the ops under
+``shard_map`` without ``cp_axis`` (batch over devices, parameters replicated). The sharded runs happen in one subprocess,
 cp_check.py, because the host device count is fixed when JAX starts; its errors are checked
 here one case per test. Errors of the arguments run in this process."""
 
@@ -19,10 +21,12 @@ import gdn.jax
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# (vs the unsharded op, vs float64) relative-error bounds per activation dtype. float32 sums
-# with cancellation (the block's d_A_log and d_dt_bias, summed over tokens) reach a few 1e-6;
-# the same sums in float64 reach 4e-14: the sharded algorithm is exact, its error rounding.
-BOUNDS = {"f32": (1e-5, 2e-5), "bf16": (1e-5, 1e-2), "f64": (1e-12, 1e-12)}
+# (vs the unsharded op, vs float64) normwise relative-error bounds per activation dtype.
+# float32 sums with cancellation (the block's d_A_log and d_dt_bias, summed over tokens) reach
+# a few 1e-6; the same sums in float64 reach 4e-14: the sharded algorithm is exact, its error
+# rounding. bf16 outputs and gradients are rounded from float32 values that differ by float32
+# rounding, so an element may land one bf16 step (2^-8 relative) away: 4e-3 normwise.
+BOUNDS = {"f32": (1e-5, 2e-5), "bf16": (4e-3, 1e-2), "f64": (1e-12, 1e-12)}
 CASES = {
     "core_f32_h0_l2norm_gva": "f32",
     "core_f32_no_h0_no_l2norm_chunk32": "f32",
@@ -31,12 +35,15 @@ CASES = {
     "core_batch_over_dp_and_sequence_over_cp": "f32",
     "core_heads_over_tp_and_sequence_over_cp": "f32",
     "core_f64_exact": "f64",
+    "core_batch_over_dp_without_cp": "f32",
     "layer_f32_states_gva_k4": "f32",
     "layer_f32_no_states_weight_d1k_k3_dk_ne_dv": "f32",
+    "layer_f32_one_tap_conv": "f32",
     "layer_bf16_activations": "bf16",
     "layer_f64_exact": "f64",
     "block_batch_over_dp_and_sequence_over_cp": "f32",
     "block_f64_exact": "f64",
+    "block_batch_over_dp_without_cp": "f32",
 }
 OUTPUTS = {"core": {"o", "final_state", "d_q", "d_k", "d_v", "d_g", "d_beta", "d_h0"},
            "layer": {"out", "conv_state_out", "recurrent_state_out", "d_qkv", "d_a", "d_b",
@@ -52,7 +59,8 @@ def sharded_errors():
                          cwd=HERE, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
-    return {x["case"]: x["errors"] for x in lines}
+    return {**{x["case"]: x["errors"] for x in lines},
+            **{x["case"] + ":carried": x["carried"] for x in lines}}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -60,6 +68,9 @@ def test_sharded_equals_unsharded_and_float64(sharded_errors, case):
     errors = sharded_errors[case]
     vs_single, vs_f64 = BOUNDS[CASES[case]]
     assert OUTPUTS[case.split("_")[0]] <= set(errors)
+    carried = sharded_errors[case + ":carried"]
+    if carried is not None:  # segments run alone are far off: the passed state matters
+        assert carried > 0.05, f"{case}: segments alone are only {carried:.2e} off"
     for what, (e_single, e_f64, e_unsharded_f64) in errors.items():
         assert e_single <= vs_single, f"{case} {what}: {e_single:.2e} from the unsharded op"
         assert e_f64 <= vs_f64, f"{case} {what}: {e_f64:.2e} from float64"

@@ -158,7 +158,8 @@ def chunk_gated_delta_rule(
         is the one entering the first segment and the final state the one leaving the last
         (the same on every device). Each device runs the op on Dv + Dk value columns and
         all-gathers Hv Dk (Dk + Dv) floats per sequence (docs/jax.md, "Context
-        parallelism"). Not with cu_seqlens.
+        parallelism"). Not with cu_seqlens. With matmul_precision="bf16" the transfer
+        between segments carries the bf16-operand error too.
 
     Returns:
       (o, final_state): o [B, T, Hv, Dv] in q's dtype; final_state [N, Hv, Dk, Dv] in the
@@ -221,7 +222,6 @@ def chunk_gated_delta_rule(
 def _context_parallel(q, k, v, g, beta, cp_axis, *, initial_state, output_final_state,
                       cu_seqlens, **options):
     """This device's segment of a sequence sharded along ``cp_axis`` (_cp.py has the math)."""
-    axis_size = _cp.check_axis(cp_axis)
     if cu_seqlens is not None:
         raise ValueError(
             "gdn: argument 'cu_seqlens': expected None with cp_axis (context parallelism "
@@ -237,8 +237,20 @@ def _context_parallel(q, k, v, g, beta, cp_axis, *, initial_state, output_final_
             f"gdn: argument 'initial_state': expected [B, Hv, Dk, Dv] = "
             f"{[batch, hv, dk, dv]} (the state entering the first segment), given "
             f"{list(initial_state.shape)}")
-    out_dtype = q.dtype
+    axis_size = _cp.check_axis(cp_axis, v)
+    # The unsharded call's checks on the arguments as given (the widened call's would name
+    # shapes the caller never passed).
     cdt = _ffi.compute_dtype(q.dtype)
+    scale = options.pop("scale")
+    scale = float(q.shape[-1]) ** -0.5 if scale is None else float(scale)
+    _gdn.core_shape(
+        _ffi.spec(q), _ffi.spec(k), _ffi.spec(v), _ffi.spec(_ffi.as_compute(g, cdt)),
+        _ffi.spec(_ffi.as_compute(beta, cdt)), _ffi.spec(_ffi.as_compute(initial_state, cdt)),
+        None, scale, bool(options["use_qk_l2norm_in_kernel"]),
+        _ffi.static_int(options["chunk_size"], "chunk_size"),
+        options["matmul_precision"] == "bf16", _ffi.static_int(options["threads"], "threads"))
+    options["scale"] = scale
+    out_dtype = q.dtype
     # 16-bit activations are widened (exactly) so that o(0) and R stay in the compute dtype
     # until the correction: one rounding of o, as in the unsharded call.
     q, k, v = (x.astype(cdt) if x.dtype != cdt and x.dtype in (jnp.bfloat16, jnp.float16)

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from gdn.jax import _ffi
 
@@ -30,15 +31,25 @@ MAX_WIDTH = 256  # the C++ op's largest Dv
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def check_axis(cp_axis) -> int:
-    """The size of mesh axis ``cp_axis``; a ValueError naming it outside ``shard_map``."""
+def check_axis(cp_axis, sharded) -> int:
+    """The size of mesh axis ``cp_axis``; a ValueError naming it outside ``shard_map``, or when
+    ``sharded`` (the activations) is typed as varying along other axes but not this one (the
+    tokens are not sharded along it). Untyped arrays (``check_vma=False``) cannot be checked."""
     try:
-        return int(jax.lax.axis_size(cp_axis))
+        size = int(jax.lax.axis_size(cp_axis))
     except (NameError, KeyError, ValueError, TypeError) as e:
         raise ValueError(
             f"gdn: argument 'cp_axis': expected the name of a mesh axis of the enclosing "
             f"shard_map (the axis the sequence is sharded along), given {cp_axis!r} ({e})"
         ) from None
+    varying = _ffi.varying_axes(sharded)
+    names = cp_axis if isinstance(cp_axis, tuple) else (cp_axis,)
+    if varying and not set(names) <= varying:
+        raise ValueError(
+            f"gdn: argument 'cp_axis': expected a mesh axis the tokens are sharded along "
+            f"(in_specs with {cp_axis!r} on the T dimension), given {cp_axis!r} while the "
+            f"activations vary only along {sorted(varying, key=str)}")
+    return size
 
 
 def segment_terms(call: Callable, v: jax.Array, dk: int, state_dtype):
@@ -81,6 +92,9 @@ def combine(o0, r, e, m, initial_state: Optional[jax.Array], cp_axis, axis_size:
     index = jax.lax.axis_index(cp_axis)
     s_in = jax.lax.dynamic_index_in_dim(jnp.stack(entering), index, keepdims=False)
     o = o0 + jnp.einsum("bthk,bhkv->bthv", r, s_in.astype(r.dtype), precision=_HIGHEST)
+    # The name of the op's output is on the widened call's [o(0) | R]; the corrected o gets
+    # it too, so that a policy saving it spares the backward this correction's replay.
+    o = checkpoint_name(o, "gdn_core_attn_out")
     # Every device has the same final state, but JAX types it as varying along the axis.
     return o, last_device_value(state, cp_axis, axis_size)
 
@@ -127,5 +141,5 @@ def layer(core: Callable, qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, con
     beta = jax.nn.sigmoid(b.astype(cdt))
     g = -jnp.exp(A_log) * jax.nn.softplus(a.astype(cdt) + dt_bias)
     o, rec_out = core(q, k, v, g, beta, recurrent_state)
-    conv_out = last_device_value(conv_out, cp_axis, axis_size) if taps > 1 else conv_out
+    conv_out = last_device_value(conv_out, cp_axis, axis_size)  # [B, 0, D] when K = 1
     return o.reshape(batch, tokens, hv * dv), conv_out, rec_out

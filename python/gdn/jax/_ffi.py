@@ -95,8 +95,14 @@ def call(target, results, *args, vmap_method="sequential", **attrs):
 def like_primal(cotangent, primal):
     """A custom_vjp cotangent typed like its primal inside ``shard_map``: where the primal is
     the same on every device of an axis and its cotangent is not, the cotangent is the psum
-    over that axis (the transpose of broadcasting the primal to the devices)."""
+    over that axis (the transpose of broadcasting the primal to the devices); where the primal
+    varies and the cotangent does not, the cotangent is cast to varying."""
     if cotangent is None or primal is None:
         return cotangent
     extra = varying_axes(cotangent) - varying_axes(primal)
-    return jax.lax.psum(cotangent, tuple(sorted(extra, key=str))) if extra else cotangent
+    if extra:
+        cotangent = jax.lax.psum(cotangent, tuple(sorted(extra, key=str)))
+    missing = varying_axes(primal) - varying_axes(cotangent)
+    if missing:  # a cotangent the same on every device of a primal that is not
+        cotangent = jax.lax.pcast(cotangent, tuple(sorted(missing, key=str)), to="varying")
+    return cotangent

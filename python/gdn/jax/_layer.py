@@ -225,7 +225,7 @@ def context_parallel(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_sta
     """The layer op on B sequences, qkv [B, T, D], a and b [B, T, Hv], each device holding
     segment T of every sequence along ``cp_axis`` (checked by the caller; _cp.py has the
     math). Returns (out [B, T, Hv Dv], conv_state_out [B, K - 1, D], recurrent_state_out)."""
-    axis_size = _cp.check_axis(cp_axis)
+    axis_size = _cp.check_axis(cp_axis, qkv)
     taps = conv_weight.shape[-1]
     if qkv.shape[1] < taps - 1:
         raise ValueError(
