@@ -76,6 +76,7 @@ void packed_sequences(const TensorView& cu, std::int64_t tokens, std::int64_t ch
   const auto* values = static_cast<const std::int64_t*>(cu.data);
   const std::int64_t stride = cu.strides[0];
   const std::int64_t n = cu.sizes[0] - 1;
+  check_sequence_count("cu_seqlens", n, "N");
   if (values[0] != 0) fail("cu_seqlens", "cu_seqlens[0] = 0", std::to_string(values[0]));
   std::int64_t first_chunk = 0;
   for (std::int64_t s = 0; s < n; ++s) {
@@ -218,6 +219,7 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
   // bf16 and f16 activations compute in float32: gates, states and residuals are float32.
   shape.compute_dtype = q.dtype == DType::f64 ? DType::f64 : DType::f32;
   if (batched && shape.batch < 1) fail("q", "batch size B >= 1", shape_of(q));
+  if (batched) check_sequence_count("q", shape.batch, "B");
   if (shape.hk < 1) fail("q", "Hk >= 1 key heads", shape_of(q));
   if (shape.dk < 1 || shape.dk > kMaxHeadDim) {
     fail("q", "Dk in [1, 256]", "Dk = " + std::to_string(shape.dk));
