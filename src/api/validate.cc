@@ -550,9 +550,16 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
     check_rank(name, *view);
   }
   const std::int64_t hk = options.hk, hv = options.hv, dk = options.dk, dv = options.dv;
-  const std::int64_t d = 2 * hk * dk + hv * dv;
   const std::string layout = "Hk = " + std::to_string(hk) + ", Hv = " + std::to_string(hv) +
                              ", Dk = " + std::to_string(dk) + ", Dv = " + std::to_string(dv);
+  // Huge head counts overflowed the width (found by fuzz/).
+  std::int64_t qk_width = 0, v_width = 0, d = 0;
+  const bool qk_overflow = __builtin_mul_overflow(hk, 2 * dk, &qk_width);
+  if (qk_overflow || __builtin_mul_overflow(hv, dv, &v_width) ||
+      __builtin_add_overflow(qk_width, v_width, &d)) {
+    fail(qk_overflow ? "options.hk" : "options.hv",
+         "a head layout whose width D = 2 Hk Dk + Hv Dv fits in int64", layout);
+  }
   const TensorView& qkv = in.qkv;
   if (qkv.rank != 2)
     fail("qkv", "rank 2 [T, D]", "rank " + std::to_string(qkv.rank) + " " + shape_of(qkv));

@@ -155,5 +155,26 @@ TEST(FuzzRegression, StepOfHugeBroadcastBatchIsRejected) {
             "state_indices");
 }
 
+// LayerOptions with Hk = Hv = 2^62: the width D = 2 Hk Dk + Hv Dv overflowed int64 (UBSan:
+// signed overflow in validate_layer_inputs). Now: InvalidArgument naming the options.
+TEST(FuzzRegression, LayerHeadCountsOverflowingTheWidthAreRejected) {
+  Tensor qkv(DType::f32, {2, 4}), ab(DType::f32, {2, 1}), w(DType::f32, {4, 2}), h(DType::f32, {1});
+  LayerInputs in;
+  in.qkv = qkv.view();
+  in.a = ab.view();
+  in.b = ab.view();
+  in.conv_weight = w.view();
+  in.A_log = h.view();
+  in.dt_bias = h.view();
+  LayerOptions options;
+  options.hk = options.hv = std::int64_t{1} << 62;
+  options.dk = options.dv = 1;
+  EXPECT_EQ(rejected_argument([&] { fused_gdn_shape(in, options); }), "options.hk");
+  options.hk = 1;
+  options.hv = std::int64_t{1} << 62;
+  options.dv = 4;
+  EXPECT_EQ(rejected_argument([&] { fused_gdn_shape(in, options); }), "options.hv");
+}
+
 }  // namespace
 }  // namespace gdn
