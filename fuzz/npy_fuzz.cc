@@ -30,6 +30,12 @@ std::string temp_path(const char* what) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const std::string in_path = temp_path("in"), out_path = temp_path("out");
+  static const struct Cleanup {  // the two files go when the process exits normally
+    ~Cleanup() {
+      std::remove(in_path.c_str());
+      std::remove(out_path.c_str());
+    }
+  } cleanup;
   {
     std::ofstream out(in_path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
