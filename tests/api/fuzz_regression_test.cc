@@ -176,5 +176,27 @@ TEST(FuzzRegression, LayerHeadCountsOverflowingTheWidthAreRejected) {
   EXPECT_EQ(rejected_argument([&] { fused_gdn_shape(in, options); }), "options.hv");
 }
 
+// A layer call over T = 0 tokens whose out [0, Hv Dv] had a column stride of INT64_MIN (an
+// empty view's strides are not checked): the core op's view of it, dv * stride, overflowed
+// (UBSan, in heads_view). Now: the call returns, nothing to write.
+TEST(FuzzRegression, EmptyLayerOutWithInt64MinStrideRuns) {
+  Tensor qkv(DType::f32, {0, 6}), ab(DType::f32, {0, 1}), w(DType::f32, {6, 2}), h(DType::f32, {1});
+  Tensor out(DType::f32, {1, 2});
+  LayerInputs in;
+  in.qkv = qkv.view();
+  in.a = ab.view();
+  in.b = ab.view();
+  in.conv_weight = w.view();
+  in.A_log = h.view();
+  in.dt_bias = h.view();
+  LayerOptions options;
+  options.hk = options.hv = 1;
+  options.dk = options.dv = 2;
+  LayerOutputs outs;
+  outs.out = MutableTensorView(out.raw(), DType::f32, 2, {0, 2},
+                               {2, std::numeric_limits<std::int64_t>::min()});
+  EXPECT_EQ(rejected_argument([&] { fused_gdn_fwd(in, outs, options); }), "");
+}
+
 }  // namespace
 }  // namespace gdn
