@@ -2,6 +2,7 @@
 // float64 references, forward_shape) driven from fuzzed bytes: layouts (packed, batched),
 // dtypes, shapes, strides, cu_seqlens, options, residuals, in-place and overlapping outputs.
 // fuzz_views.h has the views and the oracle.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -79,12 +80,39 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // The residuals' rows: what the inputs imply when they are valid, else a guess.
   std::int64_t chunk = options.chunk_size > 0 ? options.chunk_size : 64, chunks = n;
+  bool small = true;  // what the allocating forms would allocate is small (or they throw)
   try {
     const gdn::ForwardShape shape = gdn::forward_shape(in, options);
     chunk = shape.chunk_size;
     chunks = shape.total_chunks;
+    small = std::max<std::int64_t>(shape.batch, 1) * shape.tokens <= 64 && shape.num_seqs <= 64 &&
+            shape.total_chunks <= 64;
   } catch (const gdn::InvalidArgument&) {
   } catch (const gdn::RuntimeError&) {
+  }
+  // The allocating forms: their outputs are their own, so nothing in the arena may change.
+  if (f.ConsumeBool()) {
+    if (!c.safe() || !small) return 0;
+    const auto residuals = static_cast<gdn::Residuals>(c.pick(0, {1, 2, 3}));
+    c.check_call(
+        [&] {
+          if (op == 0) {
+            gdn::chunk_gated_delta_rule_fwd(in, options, residuals);
+          } else if (op == 2) {
+            gdn::ref::chunked_fwd(in, options, residuals);
+          } else {
+            gdn::BackwardInputs bin = gdn::BackwardInputs::from(in);
+            const gdn::ForwardResult fwd = gdn::chunk_gated_delta_rule_fwd(in, options, residuals);
+            bin.d_o = fwd.o.view();
+            if (op == 1) {
+              gdn::chunk_gated_delta_rule_bwd(bin, options);
+            } else {
+              gdn::ref::recurrent_bwd(bin, options);
+            }
+          }
+        },
+        {});
+    return 0;
   }
   const DType out_act = ref ? DType::f64 : act;
   const DType out_cmp = ref ? DType::f64 : cmp;

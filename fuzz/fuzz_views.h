@@ -210,7 +210,8 @@ class Case {
     if (std::memcmp(before_.data(), arena_, kArenaBytes) == 0) return;
     if (threw) finding("a call that threw wrote memory");
     writable_.assign(kArenaBytes, 0);
-    for (const MutableTensorView* o : outputs) mark(*o, &writable_);
+    for (const MutableTensorView* o : outputs)
+      if (o != nullptr) mark(*o, &writable_);
     const std::size_t at = first_stray_write(before_.data(), arena_, writable_.data());
     if (at < kArenaBytes) {
       std::fprintf(stderr, "arena byte %zu changed\n", at);

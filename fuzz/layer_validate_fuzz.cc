@@ -62,6 +62,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const bool has_state = f.ConsumeBool();
     if (has_state) in.initial_state = c.view(cmp, conv_state);
     in.cu_seqlens = c.index(cu, has_cu);
+    if (f.ConsumeBool()) {  // the allocating forms (tiny shapes: the arena holds the inputs)
+      c.finish();
+      if (!c.safe() || in.x.rank != 2 || in.x.sizes[0] > 64 || in.x.sizes[1] > 64 ||
+          (in.cu_seqlens.rank == 1 && in.cu_seqlens.sizes[0] > 65))
+        return 0;
+      c.check_call(
+          [&] {
+            if (ref) {
+              gdn::ref::causal_conv1d_fwd(in, options);
+            } else {
+              gdn::causal_conv1d_fwd(in, options);
+            }
+          },
+          {});
+      return 0;
+    }
     if (!backward) {
       gdn::ConvOutputs out;
       out.out = c.out(out_act, {t, d});
@@ -140,14 +156,31 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   c.finish();
 
   std::int64_t chunk = options.chunk_size > 0 ? options.chunk_size : 64, chunks = n;
+  bool small = true;
   try {
     const gdn::ForwardShape shape = gdn::fused_gdn_shape(in, options);
     chunk = shape.chunk_size;
     chunks = shape.total_chunks;
+    small = shape.tokens <= 64 && shape.num_seqs <= 64 && shape.total_chunks <= 64;
   } catch (const gdn::InvalidArgument&) {
   } catch (const gdn::RuntimeError&) {
   }
   const std::vector<std::int64_t> residual = {chunks, hv, dk, dv}, t_inv = {chunks, hv, chunk, chunk};
+
+  if (f.ConsumeBool()) {  // the allocating forward (tiny shapes: the arena holds the inputs)
+    if (!c.safe() || !small) return 0;
+    const auto residuals = static_cast<gdn::Residuals>(c.pick(0, {1, 2, 3}));
+    c.check_call(
+        [&] {
+          if (ref) {
+            gdn::ref::fused_gdn_fwd(in, options);
+          } else {
+            gdn::fused_gdn_fwd(in, options, residuals);
+          }
+        },
+        {});
+    return 0;
+  }
 
   if (!backward) {
     gdn::LayerOutputs out;

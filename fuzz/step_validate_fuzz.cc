@@ -87,14 +87,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     Case::check_validation([&] { gdn::check_fused_gdn_step(in, pools, out, options); });
     return 0;
   }
+  const bool allocating = f.ConsumeBool() && in.qkv.rank == 2 && in.qkv.sizes[0] <= 64;
   c.check_call(
       [&] {
-        if (ref) {
+        if (allocating) {  // out is its own
+          if (ref) {
+            gdn::ref::fused_gdn_step(in, pools, options);
+          } else {
+            gdn::fused_gdn_step(in, pools, options);
+          }
+        } else if (ref) {
           gdn::ref::fused_gdn_step(in, pools, out, options);
         } else {
           gdn::fused_gdn_step(in, pools, out, options);
         }
       },
-      {&pools.conv_state, &pools.recurrent_state, &out});
+      {&pools.conv_state, &pools.recurrent_state, allocating ? nullptr : &out});
   return 0;
 }
