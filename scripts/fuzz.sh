@@ -21,7 +21,11 @@ command -v "$cxx" >/dev/null || { echo "fuzz: no $cxx (scripts/setup.sh --tests 
 # OpenMP off: one thread per run (libFuzzer's own -jobs/-workers parallelise).
 cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$cxx" \
       -DGDN_BUILD_FUZZERS=ON -DGDN_BUILD_TESTS=OFF -DGDN_OPENMP=OFF >/dev/null
-cmake --build build/fuzz -j "$jobs" --target "${targets[@]}"
+echo "fuzz: building ${targets[*]} in build/fuzz (log build/fuzz/build.log)"
+if ! cmake --build build/fuzz -j "$jobs" --target "${targets[@]}" >build/fuzz/build.log 2>&1; then
+  tail -40 build/fuzz/build.log >&2
+  exit 1
+fi
 
 runs=build/fuzz/runs
 findings=build/fuzz/findings
