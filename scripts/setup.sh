@@ -5,7 +5,8 @@
 #   scripts/setup.sh --python  also python3-venv, and the project-local virtual environment
 #                              .venv with JAX (python/requirements.txt) and the gdn package
 #                              built from this checkout (import gdn.jax)
-#   scripts/setup.sh --tests   all of that, GoogleTest, and pytest (tests/requirements.txt)
+#   scripts/setup.sh --tests   all of that, GoogleTest, pytest (tests/requirements.txt), and clang
+#                              with libFuzzer (scripts/fuzz.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,8 +15,8 @@ requirements=""
 case "${1:-}" in
   "") ;;
   --python) requirements=python/requirements.txt; packages+=(python3 python3-venv python3-dev) ;;
-  --tests) requirements=tests/requirements.txt; packages+=(libgtest-dev python3 python3-venv python3-dev) ;;
-  -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+  --tests) requirements=tests/requirements.txt; packages+=(libgtest-dev python3 python3-venv python3-dev clang libclang-rt-14-dev) ;;
+  -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
   *) echo "setup: expected no argument, --python or --tests; given '$1'" >&2; exit 2 ;;
 esac
 

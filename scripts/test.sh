@@ -11,5 +11,7 @@ cmake -S . -B build/test -G Ninja -DCMAKE_BUILD_TYPE=Release -DGDN_WERROR=ON \
       -DGDN_PYTHON="$PWD/.venv/bin/python"
 cmake --build build/test -j "$jobs"
 ctest --test-dir build/test --output-on-failure -j "$jobs" "$@"
+# The fuzz targets, about a minute (docs/fuzzing.md); GDN_FUZZ=0 skips them.
+[[ "${GDN_FUZZ:-1}" == 0 ]] || scripts/fuzz.sh
 # shellcheck disable=SC2086
 .venv/bin/python -m pytest tests/python -q -rs ${GDN_PYTEST_ARGS:-}

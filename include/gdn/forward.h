@@ -75,7 +75,8 @@ struct ForwardOptions {
 //   through unchanged.
 // initial_state: optional [N, Hv, Dk, Dv], the compute dtype (f64 for f64 inputs, else f32);
 //   absent means zeros.
-// Limits: Hv a multiple of Hk; 1 <= Dk, Dv <= 256; T >= 0; N >= 1.
+// Limits: Hv a multiple of Hk; 1 <= Dk, Dv <= 256; T >= 0; 1 <= N <= 2^20 (also in the layer,
+// conv and step ops).
 struct ForwardInputs {
   TensorView q, k, v, g, beta;
   TensorView initial_state;

@@ -58,9 +58,12 @@ MutableTensorView mutable_view(Tensor& t, std::int64_t offset,
 }
 
 // out [T, Hv Dv] (any strides) seen as the core op's [T, Hv, Dv].
+// An empty one (T = 0) may carry any strides (none is checked): its head stride is 0 then, not
+// an overflowing dv * stride (found by fuzz/).
 template <class View>
 View heads_view(const View& v, std::int64_t hv, std::int64_t dv) {
-  Dims sizes{v.sizes[0], hv, dv, 0}, strides{v.strides[0], dv * v.strides[1], v.strides[1], 0};
+  const std::int64_t head = v.sizes[0] == 0 ? 0 : dv * v.strides[1];
+  Dims sizes{v.sizes[0], hv, dv, 0}, strides{v.strides[0], head, v.strides[1], 0};
   return View(v.data, v.dtype, 3, sizes, strides);
 }
 

@@ -76,6 +76,7 @@ void packed_sequences(const TensorView& cu, std::int64_t tokens, std::int64_t ch
   const auto* values = static_cast<const std::int64_t*>(cu.data);
   const std::int64_t stride = cu.strides[0];
   const std::int64_t n = cu.sizes[0] - 1;
+  check_sequence_count("cu_seqlens", n, "N");
   if (values[0] != 0) fail("cu_seqlens", "cu_seqlens[0] = 0", std::to_string(values[0]));
   std::int64_t first_chunk = 0;
   for (std::int64_t s = 0; s < n; ++s) {
@@ -218,6 +219,7 @@ ForwardShape validate_inputs(const ForwardInputs& in, const ForwardOptions& opti
   // bf16 and f16 activations compute in float32: gates, states and residuals are float32.
   shape.compute_dtype = q.dtype == DType::f64 ? DType::f64 : DType::f32;
   if (batched && shape.batch < 1) fail("q", "batch size B >= 1", shape_of(q));
+  if (batched) check_sequence_count("q", shape.batch, "B");
   if (shape.hk < 1) fail("q", "Hk >= 1 key heads", shape_of(q));
   if (shape.dk < 1 || shape.dk > kMaxHeadDim) {
     fail("q", "Dk in [1, 256]", "Dk = " + std::to_string(shape.dk));
@@ -548,9 +550,16 @@ void validate_layer_inputs(const LayerInputs& in, const LayerOptions& options,
     check_rank(name, *view);
   }
   const std::int64_t hk = options.hk, hv = options.hv, dk = options.dk, dv = options.dv;
-  const std::int64_t d = 2 * hk * dk + hv * dv;
   const std::string layout = "Hk = " + std::to_string(hk) + ", Hv = " + std::to_string(hv) +
                              ", Dk = " + std::to_string(dk) + ", Dv = " + std::to_string(dv);
+  // Huge head counts overflowed the width (found by fuzz/).
+  std::int64_t qk_width = 0, v_width = 0, d = 0;
+  const bool qk_overflow = __builtin_mul_overflow(hk, 2 * dk, &qk_width);
+  if (qk_overflow || __builtin_mul_overflow(hv, dv, &v_width) ||
+      __builtin_add_overflow(qk_width, v_width, &d)) {
+    fail(qk_overflow ? "options.hk" : "options.hv",
+         "a head layout whose width D = 2 Hk Dk + Hv Dv fits in int64", layout);
+  }
   const TensorView& qkv = in.qkv;
   if (qkv.rank != 2)
     fail("qkv", "rank 2 [T, D]", "rank " + std::to_string(qkv.rank) + " " + shape_of(qkv));

@@ -28,6 +28,18 @@ std::string shape_of(const View& view) {
   throw InvalidArgument(argument, expected, given);
 }
 
+// At most this many sequences in one call (cu_seqlens N, the batched layout's B, the step's
+// N): validation keeps a record per sequence, and a broadcast (stride 0) index tensor or an
+// empty batched input describes any number of them in no memory (found by fuzz/).
+inline constexpr std::int64_t kMaxSequences = std::int64_t{1} << 20;
+
+inline void check_sequence_count(const char* name, std::int64_t n, const std::string& what) {
+  if (n > kMaxSequences) {
+    fail(name, "at most 2^20 = " + std::to_string(kMaxSequences) + " sequences",
+         what + " = " + std::to_string(n));
+  }
+}
+
 // A rank the view types can hold (0 = absent, for optional arguments).
 template <class View>
 void check_rank(const char* name, const View& view) {
@@ -36,10 +48,14 @@ void check_rank(const char* name, const View& view) {
   }
 }
 
-// Sizes non-negative, the element count and the byte offset of the farthest element
+// A dtype of the enum, sizes non-negative, the element count and the byte offset of the farthest element
 // representable in int64, and a non-null pointer aligned to the element size.
 template <class View>
 void check_extent(const char* name, const View& view) {
+  if (dtype_size(view.dtype) == 0) {  // a value outside the enum (found by fuzz/)
+    fail(name, "a dtype of the enum (f32, f64, bf16, f16, i32 or i64)",
+         "DType value " + std::to_string(static_cast<int>(view.dtype)));
+  }
   std::int64_t count = 1;
   for (int i = 0; i < view.rank; ++i) {
     if (view.sizes[i] < 0) fail(name, "non-negative sizes", shape_of(view));
@@ -49,13 +65,16 @@ void check_extent(const char* name, const View& view) {
   }
   if (count == 0) return;
   const auto elem = static_cast<std::int64_t>(dtype_size(view.dtype));
-  std::int64_t reach = 0, bytes = 0;
+  std::int64_t reach = 0, bytes = 0, last = 0;
   for (int i = 0; i < view.rank; ++i) {
     std::int64_t step = 0;
-    std::int64_t stride = view.strides[i] < 0 ? -view.strides[i] : view.strides[i];
-    if (__builtin_mul_overflow(view.sizes[i] - 1, stride, &step) ||
-        __builtin_add_overflow(reach, step, &reach) ||
-        __builtin_mul_overflow(reach + 1, elem, &bytes)) {
+    // |INT64_MIN| and reach + 1 overflow too (found by fuzz/); a size-1 dimension's stride
+    // is never used.
+    const std::int64_t stride = view.sizes[i] == 1 ? 0 : view.strides[i];
+    if (stride == std::numeric_limits<std::int64_t>::min() ||
+        __builtin_mul_overflow(view.sizes[i] - 1, stride < 0 ? -stride : stride, &step) ||
+        __builtin_add_overflow(reach, step, &reach) || __builtin_add_overflow(reach, 1, &last) ||
+        __builtin_mul_overflow(last, elem, &bytes)) {
       fail(name, "byte offsets that fit in int64",
            "sizes " + shape_of(view) + " with strides " + shape_string(view.rank, view.strides));
     }

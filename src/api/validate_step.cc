@@ -3,6 +3,7 @@
 // expected and what was given.
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "api/validate.h"
@@ -105,6 +106,7 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
     fail("state_indices", "int64 [N]", shape_of(in.state_indices));
   }
   const std::int64_t n = in.state_indices.sizes[0];
+  check_sequence_count("state_indices", n, "N");
   const std::string n_is = " with N = " + std::to_string(n) + " (the length of state_indices)";
   const std::vector<std::int64_t> slot = index_values("state_indices", in.state_indices, n, "[N]");
   const std::vector<std::int64_t> qsl =
@@ -156,8 +158,9 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
   r.query_start.assign(qsl.begin(), qsl.begin() + live + 1);
   r.write_slot.assign(static_cast<std::size_t>(live), 0);
   r.read_slot.assign(static_cast<std::size_t>(live), -1);
-  // owner[x]: the live sequence that writes slot x, or -1.
-  std::vector<std::int64_t> owner(static_cast<std::size_t>(slots), -1);
+  // owner[x]: the live sequence that writes slot x (absent: none). A map, not a vector of
+  // num_slots: the pools' size must not decide the validation's memory (found by fuzz/).
+  std::unordered_map<std::int64_t, std::int64_t> owner;
   const std::string slot_range =
       "a slot in [1, " + std::to_string(slots) +
       ") (slot 0 is the null slot; num_slots = " + std::to_string(slots) + ")";
@@ -188,13 +191,13 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
            at("state_indices", s) + " = " + std::to_string(slot[i]));
     }
     for (std::int64_t w = 0; w < writes; ++w) {
-      std::int64_t& o = owner[static_cast<std::size_t>(slot[i] + w)];
-      if (o >= 0) {
+      const auto [it, fresh] = owner.try_emplace(slot[i] + w, s);
+      const std::int64_t o = it->second;
+      if (!fresh) {
         fail("state_indices", "a distinct slot for every live sequence",
              "sequences " + std::to_string(o) + " and " + std::to_string(s) + " both write slot " +
                  std::to_string(slot[i] + w));
       }
-      o = s;
     }
     r.write_slot[i] = slot[i];
     if (lens[i] > len) {
@@ -219,7 +222,8 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
   for (std::int64_t s = 0; s < live; ++s) {
     const std::int64_t read = r.read_slot[static_cast<std::size_t>(s)];
     if (read < 0) continue;
-    const std::int64_t o = owner[static_cast<std::size_t>(read)];
+    const auto it = owner.find(read);
+    const std::int64_t o = it == owner.end() ? -1 : it->second;
     if (o >= 0 && o != s) {
       fail(read_indices                ? "read_state_indices"
            : in.read_offsets.present() ? "read_offsets"
