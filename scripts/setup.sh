@@ -5,19 +5,25 @@
 #   scripts/setup.sh --python  also python3-venv, and the project-local virtual environment
 #                              .venv with JAX (python/requirements.txt) and the gdn package
 #                              built from this checkout (import gdn.jax)
-#   scripts/setup.sh --tests   all of that, GoogleTest, pytest (tests/requirements.txt), and clang
-#                              with libFuzzer (scripts/fuzz.sh)
+#   scripts/setup.sh --tests   all of that, GoogleTest, pytest (tests/requirements.txt), clang
+#                              with libFuzzer (scripts/fuzz.sh) and what --sanitize installs
+#   scripts/setup.sh --sanitize GoogleTest, clang, its sanitizer runtimes and LLVM's OpenMP
+#                              runtime (scripts/sanitize.sh; g++'s runtimes come with g++)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ cmake ninja-build)
+sanitize_packages=(clang libclang-rt-dev libomp-dev)
 requirements=""
 case "${1:-}" in
   "") ;;
   --python) requirements=python/requirements.txt; packages+=(python3 python3-venv python3-dev) ;;
-  --tests) requirements=tests/requirements.txt; packages+=(libgtest-dev python3 python3-venv python3-dev clang libclang-rt-14-dev) ;;
-  -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
-  *) echo "setup: expected no argument, --python or --tests; given '$1'" >&2; exit 2 ;;
+  --tests) requirements=tests/requirements.txt
+           packages+=(libgtest-dev python3 python3-venv python3-dev libclang-rt-14-dev
+                      "${sanitize_packages[@]}") ;;
+  --sanitize) packages+=(libgtest-dev "${sanitize_packages[@]}") ;;
+  -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+  *) echo "setup: expected no argument, --python, --tests or --sanitize; given '$1'" >&2; exit 2 ;;
 esac
 
 missing=()

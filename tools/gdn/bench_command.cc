@@ -129,7 +129,10 @@ struct Case {
 // The largest normalised error of float32 tensors against their float64 references.
 double max_error(const std::vector<std::pair<const Tensor*, const Tensor*>>& pairs) {
   double worst = 0;
-  for (const auto& [x, ref] : pairs) {
+  for (const auto& pair : pairs) {
+    // Named copies: clang 14 cannot capture structured bindings in a lambda.
+    const Tensor* x = pair.first;
+    const Tensor* ref = pair.second;
     const double e = bench::error_stats(
                          x->numel(), [&](std::int64_t i) { return element_value(*x, i); },
                          [&](std::int64_t i) { return ref->data<double>()[i]; })
