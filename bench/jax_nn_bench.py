@@ -50,6 +50,7 @@ def parse_args(argv=None):
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--seq", default="8192,65536", help="comma list of token counts (8192,65536)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per row (3)")
+    p.add_argument("--passes", default="fwd,fwd+bwd", help="comma list of fwd, fwd+bwd")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the block's dtype: float32, or bfloat16 (hybrid precision) (float32)")
     p.add_argument("--no-baseline", action="store_true", help="skip the pure-JAX block")
@@ -66,6 +67,9 @@ def parse_args(argv=None):
         p.error(f"--seq: expected a comma list of token counts, given {args.seq!r}")
     if not args.seq or min(args.seq) < 1 or args.repeats < 1:
         p.error("--seq and --repeats must be positive")
+    args.passes = args.passes.split(",")
+    if not args.passes or not set(args.passes) <= {"fwd", "fwd+bwd"}:
+        p.error(f"--passes: expected a comma list of fwd, fwd+bwd, given {','.join(args.passes)!r}")
     return args
 
 
@@ -218,7 +222,7 @@ def main(argv=None):
           f"{'peak GiB':>9} {'kept GiB':>9}", flush=True)
     plans = []
     for seq in sorted(args.seq):
-        for pss in ("fwd", "fwd+bwd"):
+        for pss in args.passes:
             for res in (("all",) if pss == "fwd" else tuple(RESIDUALS)):
                 plans.append(dict(seq=seq, impl="gdn", residuals=res, label=RESIDUALS[res]
                                   if pss != "fwd" else "", **{"pass": pss}))
