@@ -14,6 +14,7 @@
 #include "common/compare.h"
 #include "common/isas.h"
 #include "common/problem.h"
+#include "common/test_names.h"
 
 namespace gdn {
 namespace {
@@ -122,6 +123,13 @@ TEST_P(BackwardMatchesReference, Float64) {
   }
 }
 
+std::string case_name(const ::testing::TestParamInfo<BackwardMatchesReference::ParamType>& param) {
+  const auto& [shape, g_lo, h0, l2norm, dht] = param.param;
+  return test::shape_name(shape) + "_Glo" + test::number_name(g_lo) + "_" +
+         test::flag_name(h0, "H0") + "_" + test::flag_name(l2norm, "L2norm") + "_" +
+         test::flag_name(dht, "Dht");
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Spec8, BackwardMatchesReference,
     ::testing::Combine(::testing::Values(Shape{{1}, 2, 2, 32, 32},      // one token
@@ -135,7 +143,8 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(-1.0, -20.0),  // g in [g_lo, 0]
                        ::testing::Bool(),               // initial state
                        ::testing::Bool(),               // L2 norm in the kernel
-                       ::testing::Bool()));             // d_final_state given
+                       ::testing::Bool()),              // d_final_state given
+    case_name);
 
 // Chunk sizes other than 64 and a custom scale.
 TEST(CpuBackward, ChunkSizesAndScale) {

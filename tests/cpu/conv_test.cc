@@ -20,6 +20,7 @@
 #include "common/compare.h"
 #include "common/isas.h"
 #include "common/problem.h"
+#include "common/test_names.h"
 
 namespace gdn {
 namespace {
@@ -144,8 +145,10 @@ void expect_matches_reference(const ConvSpec& spec, ConvOptions o) {
 class ConvMatchesReference
     : public ::testing::TestWithParam<std::tuple<std::int64_t, std::int64_t, bool, bool, int>> {};
 
-TEST_P(ConvMatchesReference, OutFinalStateAndGradients) {
-  const auto& [taps, channels, silu, state, lengths_case] = GetParam();
+// The spec of a case, shared by the test and its name so that the name cannot drift from
+// what runs.
+ConvSpec matrix_spec(const ConvMatchesReference::ParamType& param) {
+  const auto& [taps, channels, silu, state, lengths_case] = param;
   ConvSpec spec;
   spec.taps = taps;
   spec.channels = channels;
@@ -156,9 +159,22 @@ TEST_P(ConvMatchesReference, OutFinalStateAndGradients) {
   // One sequence; several, some shorter than K - 1 and one empty; one in the [D, T] layout.
   spec.lengths = lengths_case == 1 ? std::vector<std::int64_t>{37, 1, 0, 2, 70}
                                    : std::vector<std::int64_t>{lengths_case == 2 ? 45 : 130};
+  return spec;
+}
+
+TEST_P(ConvMatchesReference, OutFinalStateAndGradients) {
   ConvOptions o;
-  o.activation = silu ? ConvActivation::silu : ConvActivation::none;
-  expect_matches_reference(spec, o);
+  o.activation = std::get<2>(GetParam()) ? ConvActivation::silu : ConvActivation::none;
+  expect_matches_reference(matrix_spec(GetParam()), o);
+}
+
+std::string case_name(const ::testing::TestParamInfo<ConvMatchesReference::ParamType>& param) {
+  const ConvSpec s = matrix_spec(param.param);
+  return test::lengths_name(s.lengths) + "_D" + std::to_string(s.channels) + "_K" +
+         std::to_string(s.taps) + "_" + test::flag_name(std::get<2>(param.param), "Silu") + "_" +
+         test::flag_name(s.state, "State") + "_" + test::flag_name(s.bias, "Bias") + "_" +
+         (s.rank3 ? "WeightDx1xK" : "WeightDxK") + "_" +
+         (s.channels_first ? "LayoutDT" : "LayoutTD");
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, ConvMatchesReference,
@@ -166,7 +182,8 @@ INSTANTIATE_TEST_SUITE_P(Matrix, ConvMatchesReference,
                                             ::testing::Values(24, 64, 5),   // channels D
                                             ::testing::Bool(),              // SiLU or none
                                             ::testing::Bool(),              // initial states
-                                            ::testing::Values(0, 1, 2)));   // sequences, layout
+                                            ::testing::Values(0, 1, 2)),    // sequences, layout
+                         case_name);
 
 TEST(CpuConv, Float64MatchesReference) {
   ConvSpec spec;

@@ -15,6 +15,7 @@
 #include "common/compare.h"
 #include "common/isas.h"
 #include "common/problem.h"
+#include "common/test_names.h"
 
 namespace gdn {
 namespace {
@@ -105,6 +106,12 @@ TEST_P(MatchesReference, Float64) {
   }
 }
 
+std::string case_name(const ::testing::TestParamInfo<MatchesReference::ParamType>& param) {
+  const auto& [shape, g_lo, h0, l2norm] = param.param;
+  return test::shape_name(shape) + "_Glo" + test::number_name(g_lo) + "_" +
+         test::flag_name(h0, "H0") + "_" + test::flag_name(l2norm, "L2norm");
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Spec8, MatchesReference,
     ::testing::Combine(
@@ -120,7 +127,8 @@ INSTANTIATE_TEST_SUITE_P(
                           Shape{{50}, 1, 1, 1, 1}),                   // the smallest
         ::testing::Values(-1.0, -20.0),                               // g in [g_lo, 0]
         ::testing::Bool(),                                            // initial state
-        ::testing::Bool()));                                          // L2 norm in the kernel
+        ::testing::Bool()),                                           // L2 norm in the kernel
+    case_name);
 
 // Chunk sizes other than 64, including ones that are not a multiple of the vector width.
 TEST(CpuForward, ChunkSizes) {

@@ -16,6 +16,7 @@
 #include "common/compare.h"
 #include "common/isas.h"
 #include "common/layer_problem.h"
+#include "common/test_names.h"
 
 namespace gdn {
 namespace {
@@ -76,8 +77,10 @@ std::pair<double, double> direction_and_size(const Tensor& x, const Tensor& ref)
 class LayerMatchesReference
     : public ::testing::TestWithParam<std::tuple<std::int64_t, bool, bool, int, int>> {};
 
-TEST_P(LayerMatchesReference, EveryOutputAndGradient) {
-  const auto& [taps, bias, states, group, lengths_case] = GetParam();
+// The spec of a case (float32; the test runs float64 too), shared by the test and its name so
+// that the name cannot drift from what runs.
+test::LayerSpec matrix_spec(const LayerMatchesReference::ParamType& param) {
+  const auto& [taps, bias, states, group, lengths_case] = param;
   test::LayerSpec spec;
   // Sequences of 0, 1 and 2 tokens are shorter than K - 1 for K = 4: their new conv state
   // reuses the old one. 600 tokens span three of the conv's 256-token items.
@@ -91,6 +94,11 @@ TEST_P(LayerMatchesReference, EveryOutputAndGradient) {
   spec.conv_bias = bias;
   spec.conv_state = states;
   spec.recurrent_state = states;
+  return spec;
+}
+
+TEST_P(LayerMatchesReference, EveryOutputAndGradient) {
+  test::LayerSpec spec = matrix_spec(GetParam());
   for (DType dtype : {DType::f32, DType::f64}) {
     spec.dtype = dtype;
     const test::LayerProblem p = test::make_layer_problem(spec);
@@ -117,12 +125,20 @@ TEST_P(LayerMatchesReference, EveryOutputAndGradient) {
   }
 }
 
+std::string case_name(const ::testing::TestParamInfo<LayerMatchesReference::ParamType>& param) {
+  const test::LayerSpec s = matrix_spec(param.param);
+  // The conv and recurrent states are given or not together.
+  return test::shape_name({s.lengths, s.hk, s.hv, s.dk, s.dv}) + "_K" + std::to_string(s.taps) +
+         "_" + test::flag_name(s.conv_bias, "Bias") + "_" + test::flag_name(s.conv_state, "States");
+}
+
 INSTANTIATE_TEST_SUITE_P(Matrix, LayerMatchesReference,
                          ::testing::Combine(::testing::Values(1, 2, 4),  // conv taps K
                                             ::testing::Bool(),           // conv bias
                                             ::testing::Bool(),           // initial states
                                             ::testing::Values(2, 4),     // value heads per key head
-                                            ::testing::Values(0, 1)));   // one or several sequences
+                                            ::testing::Values(0, 1)),    // one or several sequences
+                         case_name);
 
 // 32 tokens, then 32 more with both states carried, equal 64 in one call: bit for bit when the
 // split falls on a chunk boundary, within tolerance when it does not.

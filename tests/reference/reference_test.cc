@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "common/compare.h"
 #include "common/problem.h"
+#include "common/test_names.h"
 
 namespace gdn {
 namespace {
@@ -47,6 +49,13 @@ TEST_P(ChunkedReference, MatchesTokenRecurrence) {
                            "chunk_states, " + spec.name()));
 }
 
+std::string case_name(const ::testing::TestParamInfo<ChunkedReference::ParamType>& param) {
+  const auto& [shape, h0, l2norm, g_lo, chunk] = param.param;
+  return test::shape_name(shape) + "_" + test::flag_name(h0, "H0") + "_" +
+         test::flag_name(l2norm, "L2norm") + "_Glo" + test::number_name(g_lo) + "_Chunk" +
+         std::to_string(chunk);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, ChunkedReference,
     ::testing::Combine(::testing::Values(Shape{{1}, 1, 1, 16, 16}, Shape{{63}, 2, 2, 32, 24},
@@ -56,7 +65,8 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Bool(),               // initial state
                        ::testing::Bool(),               // l2norm
                        ::testing::Values(-1.0, -20.0),  // g in [g_lo, 0]
-                       ::testing::Values(64, 16)));     // chunk size
+                       ::testing::Values(64, 16)),      // chunk size
+    case_name);
 
 // beta = 0: nothing is written; the state only decays, S_t = exp(G_t) S_0, o_t = scale S_t^T q_t.
 TEST(Reference, BetaZeroStateOnlyDecays) {
