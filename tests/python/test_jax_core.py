@@ -1,6 +1,6 @@
 """gdn.jax.chunk_gated_delta_rule against the pure-JAX scan reference (jax_reference.py):
 forward, every gradient, remat policies and residual names, vmap, 16-bit and float64
-activations, and errors."""
+activations (errors: test_jax_validation.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -256,52 +256,6 @@ def test_bf16_matmul_operands_within_their_tolerance():
                                                  **kw)
     o_ref, _ = ref_fn(*f64(p.q, p.k, p.v, p.g, p.beta), initial_state=f64(p.h0)[0], **kw)
     assert_close(o, o_ref, 2e-2, "o")
-
-
-def _trace(fn, *args):
-    return jax.jit(fn).lower(*args)
-
-
-def test_static_errors_raise_when_traced_with_the_librarys_message():
-    p, kw, chunk = make(CASES[0])
-    q, k, v, g, beta = p.args()
-    call = gdn.jax.chunk_gated_delta_rule
-    with pytest.raises(ValueError, match=r"argument 'v': expected the leading \[B, T\] of q"):
-        _trace(lambda v: call(q, k, v, g, beta), v[:, :5])
-    with pytest.raises(ValueError, match=r"argument 'v'.*multiple of Hk"):
-        _trace(lambda v: call(q, k, v, g[..., :3], beta[..., :3]), v[:, :, :3])
-    with pytest.raises(ValueError, match=r"argument 'k'.*dtype"):
-        _trace(lambda k: call(q, k, v, g, beta), k.astype(jnp.bfloat16))
-    with pytest.raises(ValueError, match=r"scale"):
-        call(q, k, v, g, beta, scale=float("inf"))
-    with pytest.raises(ValueError, match=r"chunk_size"):
-        call(q, k, v, g, beta, chunk_size=300)
-    with pytest.raises(ValueError, match=r"argument 'initial_state'"):
-        call(q, k, v, g, beta, initial_state=jnp.zeros((3, 4, 16, 24)))
-    with pytest.raises(ValueError, match=r"argument 'residuals'"):
-        call(q, k, v, g, beta, residuals="some")
-    with pytest.raises(ValueError, match=r"argument 'q': expected \[1, T, Hk, Dk\] with cu_seqlens"):
-        call(q, k, v, g, beta, cu_seqlens=jnp.array([0, 67], jnp.int32))
-    with pytest.raises(ValueError, match=r"argument 'k': expected \[1, T, Hk, Dk\] with cu_seqlens"):
-        call(q[:1], k, v[:1], g[:1], beta[:1], cu_seqlens=jnp.array([0, 67], jnp.int32))
-    with pytest.raises(ValueError, match=r"argument 'g': expected \[1, T, Hv\] with cu_seqlens"):
-        call(q[:1], k[:1], v[:1], g[:, 0], beta[:1], cu_seqlens=jnp.array([0, 67], jnp.int32))
-    with pytest.raises(ValueError, match=r"options.threads"):
-        _trace(lambda q: call(q, k, v, g, beta, threads=-1), q)
-    with pytest.raises(ValueError, match=r"argument 'threads': expected a 32-bit integer"):
-        call(q, k, v, g, beta, threads=2 ** 32)
-    with pytest.raises(ValueError, match=r"argument 'chunk_size': expected an integer"):
-        call(q, k, v, g, beta, chunk_size=64.5)
-    with pytest.raises(ValueError, match=r"argument 'cu_seqlens': expected dtype int32 or int64"):
-        call(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=jnp.array([0.0, 67.0]))
-
-
-def test_bad_cu_seqlens_values_raise_when_run_with_the_librarys_message():
-    p, kw, chunk = make(CASES[1])
-    with pytest.raises(Exception, match=r"argument 'cu_seqlens'"):
-        o, _ = gdn.jax.chunk_gated_delta_rule(
-            *p.args(), cu_seqlens=jnp.array([0, 50, 40, 90], jnp.int32))
-        o.block_until_ready()
 
 
 def test_int64_cu_seqlens_give_the_int32_result():

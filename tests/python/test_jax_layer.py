@@ -1,5 +1,5 @@
 """gdn.jax.fused_gdn (the layer op) against the pure-JAX reference (jax_reference.py):
-forward, every gradient, residual policies and names, hybrid precision, errors."""
+forward, every gradient, residual policies and names, hybrid precision (errors: test_jax_validation.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -144,20 +144,6 @@ def test_hybrid_precision_bf16_activations_and_bf16_parameters():
     for name, x, y in zip(names, grads, grads_ref):
         assert x.dtype == jnp.bfloat16, name
         assert_close(x, y, 2.0 ** -6, name)
-
-
-def test_static_errors_raise_when_traced_with_the_librarys_message():
-    p = LayerProblem(CASES[1])
-    qkv, a, b, w, A_log, dt_bias, *_ = p.diff_args()
-    heads = p.heads()
-    with pytest.raises(ValueError, match=r"argument 'qkv'"):
-        gdn_layer(qkv[:, :-1], a, b, w, A_log, dt_bias, **heads)
-    with pytest.raises(ValueError, match=r"argument 'conv_weight'"):
-        gdn_layer(qkv, a, b, jnp.zeros((qkv.shape[1], 9)), A_log, dt_bias, **heads)
-    with pytest.raises(ValueError, match=r"argument 'a'"):
-        gdn_layer(qkv, a[:, :1], b, w, A_log, dt_bias, **heads)
-    with pytest.raises(ValueError, match=r"Hk|hk|num_k_heads"):
-        gdn_layer(qkv, a, b, w, A_log, dt_bias, **{**heads, "num_k_heads": 3})
 
 
 def test_vmap_runs_each_layer_call_alone():

@@ -2,7 +2,7 @@
 package's functions, as transformers calls them) against the conv written in PyTorch
 (torch_reference.py) and the C++ float64 reference: forward, final states, every gradient,
 gradcheck in float64, packed batches, layouts, 16-bit x, the decode update, torch.compile,
-opcheck and errors."""
+opcheck (errors: test_torch_validation.py)."""
 
 import pytest
 
@@ -176,37 +176,6 @@ def test_opcheck_both_conv_ops():
     d_final = _rand(1, 3, 24, seed=9, dtype=torch.float32)
     bargs = (rows.detach(), w.detach(), b.detach(), state.detach(), None, d_out, d_final, True, 0)
     torch.library.opcheck(torch.ops.gdn.conv_bwd.default, bargs)
-
-
-def test_conv_bad_inputs_raise_value_errors_naming_the_argument():
-    x, w, b, s = _inputs(CASES[0])
-    with pytest.raises(ValueError, match="argument 'activation'"):
-        fn(x, w, b, activation="relu")
-    with pytest.raises(ValueError, match="argument 'x'"):
-        fn(x[:, :5], w, b)
-    with pytest.raises(ValueError, match="argument 'weight'"):
-        fn(x, w[:, None, None, :], b)
-    with pytest.raises(ValueError, match="argument 'weight'.*K from 1 to 8"):
-        fn(x, torch.zeros(24, 9), b)  # checked by the library
-    with pytest.raises(ValueError, match="argument 'initial_state'"):
-        fn(x, w, b, initial_states=s[:1])
-    with pytest.raises(ValueError, match="argument 'cu_seqlens'"):
-        fn(x[:1], w, b, cu_seqlens=torch.tensor([0, 30, 20, 37]))
-    with pytest.raises(ValueError, match="argument 'seq_idx'"):
-        fn(x, w, b, seq_idx=torch.zeros(2, 37, dtype=torch.int32), initial_states=s)
-    with pytest.raises(ValueError, match="argument 'seq_idx'"):
-        fn(x, w, b, seq_idx=torch.zeros(2, 37, dtype=torch.int32), return_final_states=True)
-    pool = torch.zeros(3, 24, 4)
-    with pytest.raises(ValueError, match="argument 'cache_seqlens'"):
-        update(x[..., 0], pool[:2], w, b, cache_seqlens=torch.tensor([1, 2]))
-    with pytest.raises(ValueError, match="argument 'conv_state_indices'.*given \\[0, 3\\]"):
-        update(x[..., 0], pool, w, b, conv_state_indices=torch.tensor([0, 3], dtype=torch.int32))
-    with pytest.raises(ValueError, match="argument 'conv_state'"):
-        update(x[..., 0], pool[:, :, :2], w, b)
-    before = pool.clone()
-    with pytest.raises(ValueError, match="argument 'conv_state'"):
-        update(x[..., 0], pool, w, b)  # 3 rows for a batch of 2, no indices
-    assert torch.equal(pool, before)
 
 
 def test_empty_batches_and_zero_tokens():

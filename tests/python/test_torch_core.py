@@ -1,7 +1,7 @@
 """gdn.torch's core op against the pure-PyTorch reference (torch_reference.py) and the C++
 float64 reference (gdn.torch.reference): forward, every gradient, residual policies,
 gradcheck in float64, torch.compile(fullgraph=True), opcheck, strides, 16-bit activations,
-thread counts and errors."""
+thread counts (errors: test_torch_validation.py)."""
 
 import numpy as np
 import pytest
@@ -268,70 +268,6 @@ def test_residual_rows_past_the_batch_are_zero():
     assert states.shape[0] > used
     assert torch.count_nonzero(states[used:]) == 0 and torch.count_nonzero(t_inv[used:]) == 0
     assert torch.count_nonzero(states[:used]) > 0
-
-
-def test_bad_inputs_raise_value_errors_naming_the_argument():
-    c = Case(CASES[0])
-    q, k, v, g, beta, h0 = c.inputs()
-    f = gdn.torch.chunk_gated_delta_rule
-    with pytest.raises(ValueError, match="argument 'v'"):
-        f(q, k, v[..., :3, :], g, beta)  # Hv = 3 not a multiple of Hk = 2
-    with pytest.raises(ValueError, match="argument 'g'"):
-        f(q, k, v, g[:, :, :1], beta)
-    with pytest.raises(ValueError, match="argument 'initial_state'"):
-        f(q, k, v, g, beta, initial_state=h0[:1])
-    with pytest.raises(ValueError, match="argument 'options.scale'"):
-        f(q, k, v, g, beta, scale=float("nan"))
-    with pytest.raises(ValueError, match="argument 'residuals'"):
-        f(q, k, v, g, beta, residuals="some")
-    with pytest.raises(ValueError, match="chunk_size"):
-        f(q, k, v, g, beta, chunk_size=1000)
-    with pytest.raises(ValueError, match="argument 'cu_seqlens'"):
-        f(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=torch.tensor([0.0, 37.0]))
-    with pytest.raises(ValueError, match="argument 'q'"):
-        f(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 37]))  # B = 2 with cu_seqlens
-    # values are checked when the op runs: a decreasing cu_seqlens
-    with pytest.raises(ValueError, match="argument 'cu_seqlens'"):
-        f(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=torch.tensor([0, 30, 20, 37]))
-    with pytest.raises(ValueError, match="argument 'q'"):
-        f(q.to(torch.int32), k, v, g, beta)
-
-
-def test_a_tensor_on_another_device_is_refused_by_name():
-    c = Case(CASES[1])
-    q, k, v, g, beta, h0 = c.inputs()
-    with pytest.raises(ValueError, match="argument 'cu_seqlens'.*meta"):
-        gdn.torch.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=c.cu.to("meta"))
-    with pytest.raises(ValueError, match="argument 'initial_state'.*meta"):
-        gdn.torch.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=c.cu,
-                                         initial_state=h0.to("meta"))
-
-
-def test_the_extension_checks_what_the_ops_hand_it():
-    from gdn import _gdn
-    from gdn.torch import _ops
-    c = Case(CASES[1])
-    q, k, v, g, beta, h0 = c.inputs()
-    q, k, v, g, beta = (x[0] for x in (q, k, v, g, beta))
-    # a residual buffer with fewer rows than the batch's chunks: refused, nothing read past it
-    _, _, states, t_inv = torch.ops.gdn.chunk_fwd(q, k, v, g, beta, h0, c.cu, 0.5, False, 16,
-                                                  False, False, 0, False, True, True)
-    d_o = torch.zeros_like(v)
-    with pytest.raises(ValueError, match="argument 'chunk_states'.*rows"):
-        torch.ops.gdn.chunk_bwd(q, k, v, g, beta, h0, c.cu, d_o, None, states[:2].clone(), t_inv,
-                                0.5, False, 16, False, 0)
-    raw = list(_ops.raw(q))
-    raw[2] = []  # strides of the wrong length
-    o = torch.empty_like(v)
-    args = lambda qq, cu: (qq, _ops.raw(k), _ops.raw(v), _ops.raw(g), _ops.raw(beta),  # noqa
-                           None, cu, _ops.raw(o), None, None, None, 0.5, False, 16, False,
-                           False, 1, False)
-    with pytest.raises(ValueError, match="argument 'q'.*strides"):
-        _gdn.core_forward(*args(tuple(raw), None))
-    with pytest.raises(ValueError, match="argument 'cu_seqlens'.*non-null"):
-        _gdn.core_forward(*args(_ops.raw(q), (0, [3], [1], "int32")))
-    with pytest.raises(ValueError, match="argument 'cu_seqlens'.*sizes >= 0"):
-        _gdn.core_forward(*args(_ops.raw(q), (0, [-1], [1], "int32")))
 
 
 _FORK_SCRIPT = """

@@ -1,8 +1,8 @@
 """gdn.torch.fused_gdn_step (the serving step over pools of state slots, sglang's / vLLM's
 batch description) against a whole GDN layer written in PyTorch (torch_reference.py's conv and
 float64 token loop, one sequence at a time): out and both pools after a mixed batch, int32
-indices, bf16 pools, a decode loop continuing a prefill, torch.compile, opcheck, and errors
-that leave the pools untouched."""
+indices, bf16 pools, a decode loop continuing a prefill, torch.compile and opcheck (errors,
+which leave the pools untouched: test_torch_validation.py)."""
 
 import pytest
 
@@ -147,22 +147,3 @@ def test_opcheck_step():
     torch.library.opcheck(torch.ops.gdn.step.default, args)
 
 
-def test_bad_inputs_raise_and_leave_the_pools_untouched():
-    layer = Layer(tokens=10)
-    conv0, ssm0 = layer.conv_pool.clone(), layer.ssm_pool.clone()
-    cu, has = torch.tensor([0, 1, 10]), torch.tensor([True, False])
-    with pytest.raises(ValueError, match="argument 'state_indices'"):
-        layer.step(torch.tensor([3, SLOTS]), cu, has)  # a slot past the pool
-    with pytest.raises(ValueError, match="argument 'state_indices'"):
-        layer.step(torch.tensor([3, 3]), cu, has)  # two sequences writing one slot
-    with pytest.raises(ValueError, match="argument 'initial_state_indices'.*padding"):
-        layer.step(torch.tensor([-1, 3]), cu, has)  # a live sequence after padding
-    with pytest.raises(ValueError, match="argument 'cu_seqlens'"):
-        layer.step(torch.tensor([3, 4]), torch.tensor([0, 10]), has)
-    with pytest.raises(ValueError, match="argument 'has_initial_state'"):
-        layer.step(torch.tensor([3, 4]), cu, [True, False])
-    with pytest.raises(ValueError, match="argument 'qkv'"):
-        gdn.torch.fused_gdn_step(layer.qkv[:, :-1], layer.a, layer.b, layer.w, layer.A_log,
-                                 layer.dt_bias, layer.conv_pool, layer.ssm_pool,
-                                 torch.tensor([3, 4]), cu, has, **HEADS)
-    assert torch.equal(layer.conv_pool, conv0) and torch.equal(layer.ssm_pool, ssm0)

@@ -13,6 +13,18 @@ from gdn import _gdn
 from gdn.jax import _cp, _ffi
 
 
+# The library's option names -> the op's arguments, in its error messages.
+OPTION_NAMES = {"options.scale": "scale", "options.chunk_size": "chunk_size",
+                "options.threads": "threads", "options.matmul_precision": "matmul_precision"}
+
+
+def default_scale(q, scale):
+    """scale as a float, default Dk ** -0.5; None where q has no Dk > 0 (the library names q)."""
+    if scale is not None:
+        return float(scale)
+    return float(q.shape[-1]) ** -0.5 if q.ndim >= 1 and q.shape[-1] > 0 else None
+
+
 class _Static(NamedTuple):
     """What is fixed when the call is traced: the FFI attributes and the layout."""
 
@@ -199,13 +211,13 @@ def chunk_gated_delta_rule(
                     f"gdn: argument '{name}': expected {layout} with cu_seqlens (a packed "
                     f"batch), given {list(x.shape)}")
         q, k, v, g, beta = (x[0] for x in (q, k, v, g, beta))
-    if scale is None and q.ndim >= 1:
-        scale = float(q.shape[-1]) ** -0.5
-    shape = _gdn.core_shape(
-        _ffi.spec(q), _ffi.spec(k), _ffi.spec(v), _ffi.spec(g), _ffi.spec(beta),
-        _ffi.spec(initial_state), _ffi.spec(cu), float(scale), bool(use_qk_l2norm_in_kernel),
-        _ffi.static_int(chunk_size, "chunk_size"), matmul_precision == "bf16",
-        _ffi.static_int(threads, "threads"))
+    scale = default_scale(q, scale)
+    with _ffi.library_names(OPTION_NAMES):
+        shape = _gdn.core_shape(
+            _ffi.spec(q), _ffi.spec(k), _ffi.spec(v), _ffi.spec(g), _ffi.spec(beta),
+            _ffi.spec(initial_state), _ffi.spec(cu), scale, bool(use_qk_l2norm_in_kernel),
+            _ffi.static_int(chunk_size, "chunk_size"), matmul_precision == "bf16",
+            _ffi.static_int(threads, "threads"))
     st = _Static(
         scale=float(scale), l2norm=bool(use_qk_l2norm_in_kernel), chunk_size=shape["chunk_size"],
         bf16_matmul=matmul_precision == "bf16", threads=int(threads),
@@ -241,14 +253,15 @@ def _context_parallel(q, k, v, g, beta, cp_axis, *, initial_state, output_final_
     # The unsharded call's checks on the arguments as given (the widened call's would name
     # shapes the caller never passed).
     cdt = _ffi.compute_dtype(q.dtype)
-    scale = options.pop("scale")
-    scale = float(q.shape[-1]) ** -0.5 if scale is None else float(scale)
-    _gdn.core_shape(
-        _ffi.spec(q), _ffi.spec(k), _ffi.spec(v), _ffi.spec(_ffi.as_compute(g, cdt)),
-        _ffi.spec(_ffi.as_compute(beta, cdt)), _ffi.spec(_ffi.as_compute(initial_state, cdt)),
-        None, scale, bool(options["use_qk_l2norm_in_kernel"]),
-        _ffi.static_int(options["chunk_size"], "chunk_size"),
-        options["matmul_precision"] == "bf16", _ffi.static_int(options["threads"], "threads"))
+    scale = default_scale(q, options.pop("scale"))
+    with _ffi.library_names(OPTION_NAMES):
+        _gdn.core_shape(
+            _ffi.spec(q), _ffi.spec(k), _ffi.spec(v), _ffi.spec(_ffi.as_compute(g, cdt)),
+            _ffi.spec(_ffi.as_compute(beta, cdt)),
+            _ffi.spec(_ffi.as_compute(initial_state, cdt)), None, scale,
+            bool(options["use_qk_l2norm_in_kernel"]),
+            _ffi.static_int(options["chunk_size"], "chunk_size"),
+            options["matmul_precision"] == "bf16", _ffi.static_int(options["threads"], "threads"))
     options["scale"] = scale
     out_dtype = q.dtype
     # 16-bit activations are widened (exactly) so that o(0) and R stay in the compute dtype

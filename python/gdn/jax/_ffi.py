@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from gdn import _gdn
-from gdn._options import check_choice, static_int  # noqa: F401 (the ops call them here)
+# The ops call these from here.
+from gdn._options import check_choice, library_names, static_int  # noqa: F401
 
 for _name, _capsule in _gdn.ffi_handlers().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")

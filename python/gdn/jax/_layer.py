@@ -14,6 +14,13 @@ from gdn.jax import _cp, _ffi
 from gdn.jax._core import chunk_gated_delta_rule
 
 
+# The library's option names -> the op's arguments, in its error messages.
+OPTION_NAMES = {"options.hk": "num_k_heads", "options.hv": "num_v_heads",
+                "options.dk": "head_k_dim", "options.dv": "head_v_dim",
+                "options.chunk_size": "chunk_size", "options.threads": "threads",
+                "options.matmul_precision": "matmul_precision"}
+
+
 class _Static(NamedTuple):
     hk: int
     hv: int
@@ -196,9 +203,10 @@ def fused_gdn(
     heads = tuple(_ffi.static_int(x, name) for x, name in (
         (num_k_heads, "num_k_heads"), (num_v_heads, "num_v_heads"), (head_k_dim, "head_k_dim"),
         (head_v_dim, "head_v_dim")))
-    shape = _gdn.layer_shape(*(_ffi.spec(x) for x in args), *heads,
-                             _ffi.static_int(chunk_size, "chunk_size"),
-                             matmul_precision == "bf16", _ffi.static_int(threads, "threads"))
+    with _ffi.library_names(OPTION_NAMES):
+        shape = _gdn.layer_shape(*(_ffi.spec(x) for x in args), *heads,
+                                 _ffi.static_int(chunk_size, "chunk_size"),
+                                 matmul_precision == "bf16", _ffi.static_int(threads, "threads"))
     if cp_axis is not None:
         if cu is not None:
             raise ValueError(
@@ -267,9 +275,10 @@ def batched_context_parallel(qkv, a, b, conv_weight, A_log, dt_bias, *, conv_sta
     heads = tuple(_ffi.static_int(x, name) for x, name in (
         (num_k_heads, "num_k_heads"), (num_v_heads, "num_v_heads"), (head_k_dim, "head_k_dim"),
         (head_v_dim, "head_v_dim")))
-    shape = _gdn.layer_shape(*(_ffi.spec(x) for x in (*flat, conv_weight, None, A_log, dt_bias,
-                                                        conv_state, recurrent_state, cu)),
-                             *heads, 64, False, _ffi.static_int(threads, "threads"))
+    specs = (_ffi.spec(x) for x in (*flat, conv_weight, None, A_log, dt_bias, conv_state,
+                                    recurrent_state, cu))
+    with _ffi.library_names(OPTION_NAMES):
+        shape = _gdn.layer_shape(*specs, *heads, 64, False, _ffi.static_int(threads, "threads"))
     return context_parallel(qkv, a, b, conv_weight, None, A_log, dt_bias, conv_state,
                             recurrent_state, heads=heads, chunk_size=shape["chunk_size"],
                             residuals=residuals, matmul_precision="compute",

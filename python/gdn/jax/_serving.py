@@ -15,6 +15,12 @@ _STATIC = ("n_kq", "n_v", "d_k", "d_v", "kernel_size", "attention_mode", "gate_l
            "num_spec_tokens", "zero_initialize_out", "compute_precision", "decode_tile_size",
            "mixed_tile_size", "threads")
 
+# The library's names -> Tokamax's arguments, in its error messages (the index arrays' names
+# are the same: the errors of their values, raised when the step runs, need none).
+_LIBRARY_NAMES = {"options.hk": "n_kq", "options.hv": "n_v", "options.dk": "d_k",
+                  "options.dv": "d_v", "options.num_spec": "num_spec_tokens",
+                  "options.threads": "threads", "A_log": "a_log"}
+
 
 def _precision_is_float32(compute_precision: Any) -> bool:
     try:
@@ -117,13 +123,16 @@ def fused_conv1d_gdn(
     """
     if attention_mode != "GDN":
         raise NotImplementedError(
-            f"gdn: argument 'attention_mode': only 'GDN' is implemented, given {attention_mode!r}")
+            f"gdn: argument 'attention_mode': expected 'GDN' (KDA is not implemented), given "
+            f"{attention_mode!r}")
     if gate_lower_bound is not None:
-        raise NotImplementedError("gdn: argument 'gate_lower_bound': only None is implemented")
+        raise NotImplementedError(
+            f"gdn: argument 'gate_lower_bound': expected None (a gate lower bound is not "
+            f"implemented), given {gate_lower_bound!r}")
     if not _precision_is_float32(compute_precision):
         raise NotImplementedError(
-            f"gdn: argument 'compute_precision': only float32 is implemented, given "
-            f"{compute_precision!r}")
+            f"gdn: argument 'compute_precision': expected float32 (the only one implemented), "
+            f"given {compute_precision!r}")
     if conv_weight.ndim >= 1 and conv_weight.shape[-1] != kernel_size:
         raise ValueError(
             f"gdn: argument 'conv_weight': expected K = kernel_size = {kernel_size} taps, given "
@@ -136,13 +145,14 @@ def fused_conv1d_gdn(
         (distribution, "distribution"), (seq_lens, "seq_lens"),
         (read_state_indices, "read_state_indices"), (read_offsets, "read_offsets")))
     out_shape = jax.ShapeDtypeStruct((qkv.shape[0], n_v * d_v), qkv.dtype)
-    _gdn.check_step(
-        *(_ffi.spec(x) for x in (qkv, b, a, conv_state, recurrent_state, conv_weight, conv_bias,
-                                 a_log, dt_bias)),
-        *(_ffi.spec(x) for x in indices), _ffi.spec(out_shape),
-        *(_ffi.static_int(x, name) for x, name in (
-            (n_kq, "n_kq"), (n_v, "n_v"), (d_k, "d_k"), (d_v, "d_v"),
-            (num_spec_tokens, "num_spec_tokens"), (threads, "threads"))))
+    with _ffi.library_names(_LIBRARY_NAMES):
+        _gdn.check_step(
+            *(_ffi.spec(x) for x in (qkv, b, a, conv_state, recurrent_state, conv_weight,
+                                     conv_bias, a_log, dt_bias)),
+            *(_ffi.spec(x) for x in indices), _ffi.spec(out_shape),
+            *(_ffi.static_int(x, name) for x, name in (
+                (n_kq, "n_kq"), (n_v, "n_v"), (d_k, "d_k"), (d_v, "d_v"),
+                (num_spec_tokens, "num_spec_tokens"), (threads, "threads"))))
     results = (jax.ShapeDtypeStruct(conv_state.shape, conv_state.dtype),
                jax.ShapeDtypeStruct(recurrent_state.shape, recurrent_state.dtype), out_shape)
     qsl, slots, dist, lens, read_slots, offsets = indices

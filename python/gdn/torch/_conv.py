@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from gdn import _gdn
-from gdn._options import static_int
-from gdn.torch._ops import compute_dtype, raw
+from gdn._options import library_names, static_int
+from gdn.torch._ops import check_devices, compute_dtype, raw
 
 ACTIVATIONS = (None, "silu", "swish")
 
@@ -117,18 +117,16 @@ def reference_backward(x, weight, bias, initial_state, cu_seqlens, d_out, d_fina
 # The causal-conv1d package's functions.
 # ---------------------------------------------------------------------------------------------
 
+# The library's names -> the functions' arguments, in its error messages.
+_FN_NAMES = {"initial_state": "initial_states", "options.threads": "threads"}
+_UPDATE_NAMES = {"initial_state": "conv_state", "options.threads": "threads"}
+
+
 def _silu(activation) -> bool:
     if activation not in ACTIVATIONS:
         raise ValueError(f"gdn: argument 'activation': expected None, 'silu' or 'swish', given "
                          f"{activation!r}")
     return activation is not None
-
-
-def _check_cpu(**tensors):
-    for name, t in tensors.items():
-        if isinstance(t, Tensor) and t.device.type not in ("cpu", "meta"):
-            raise ValueError(f"gdn: argument '{name}': expected a tensor on the CPU (gdn's "
-                             f"kernels run there), given one on {t.device}")
 
 
 def _weight_2d(weight: Tensor) -> Tensor:
@@ -212,7 +210,7 @@ def causal_conv1d_fn(
 
         out = gdn.torch.causal_conv1d_fn(x, weight, bias, activation="silu")
     """
-    _check_cpu(x=x, weight=weight, bias=bias, seq_idx=seq_idx, initial_states=initial_states,
+    check_devices(x=x, weight=weight, bias=bias, seq_idx=seq_idx, initial_states=initial_states,
                cu_seqlens=cu_seqlens)
     silu = _silu(activation)
     threads = static_int(threads, "threads")
@@ -229,6 +227,9 @@ def causal_conv1d_fn(
         if batch != 1:
             raise ValueError(f"gdn: argument 'x': expected [1, D, T] with cu_seqlens (a packed "
                              f"batch), given {list(x.shape)}")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"gdn: argument 'cu_seqlens': expected dtype int32 or int64, given "
+                             f"{cu_seqlens.dtype}")
         cu = cu_seqlens
     elif seq_idx is not None:
         cu = _cu_from_seq_idx(seq_idx, batch, tokens)
@@ -242,12 +243,17 @@ def causal_conv1d_fn(
         cu = None
     state = None
     if initial_states is not None:
+        want = [cu.shape[0] - 1 if cu is not None else batch, channels, weight.shape[-1] - 1]
+        if list(initial_states.shape) != want:
+            raise ValueError(f"gdn: argument 'initial_states': expected [N, D, K - 1] = {want}, "
+                             f"given {list(initial_states.shape)}")
         state = initial_states.to(cdt).transpose(1, 2)  # [N, K - 1, D], a view
     rows = x.transpose(1, 2).reshape(batch * tokens, channels)  # a view where strides allow
     w = weight.to(cdt)
     b = bias.to(cdt) if bias is not None else None
     want_final = bool(return_final_states)
-    out, final = conv_fwd(rows, w, b, state, cu, silu, threads, want_final)
+    with library_names(_FN_NAMES):
+        out, final = conv_fwd(rows, w, b, state, cu, silu, threads, want_final)
     out = out.view(batch, tokens, channels).transpose(1, 2)
     if not want_final:
         return out
@@ -291,7 +297,7 @@ def causal_conv1d_update(
 
         y = gdn.torch.causal_conv1d_update(x_t, conv_state, weight, bias, activation="silu")
     """
-    _check_cpu(x=x, conv_state=conv_state, weight=weight, bias=bias,
+    check_devices(x=x, conv_state=conv_state, weight=weight, bias=bias,
                conv_state_indices=conv_state_indices)
     if cache_seqlens is not None:
         raise ValueError("gdn: argument 'cache_seqlens': expected None (circular conv-state "
@@ -331,8 +337,9 @@ def causal_conv1d_update(
         return x.new_empty(x.shape[:-1] if one_token else x.shape)
     cu = torch.arange(batch + 1, dtype=torch.int64) * tokens
     flat = x.transpose(1, 2).reshape(batch * tokens, channels)
-    out, _ = conv_fwd(flat, weight.to(cdt), bias.to(cdt) if bias is not None else None, state,
-                      cu, silu, threads, False)
+    with library_names(_UPDATE_NAMES):
+        out, _ = conv_fwd(flat, weight.to(cdt), bias.to(cdt) if bias is not None else None,
+                          state, cu, silu, threads, False)
     new_rows = torch.cat([rows, x.to(conv_state.dtype)], dim=-1)[:, :, -size:]
     if conv_state_indices is None:
         conv_state.copy_(new_rows)

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from gdn import _gdn
-from gdn._options import check_choice, static_int
+from gdn._options import check_choice, library_names, static_int
 from gdn.torch import _ops
 
 RESIDUALS = ("all", "t_inv", "none")
@@ -43,25 +43,9 @@ def _as_compute(x: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
     return x.to(dtype)
 
 
-def _unsupported(name, value, default):
-    if value != default:
-        raise ValueError(f"gdn: argument '{name}': only {default!r} is supported, given {value!r}")
-
-
-def _check_devices(**tensors):
-    """Every tensor on the CPU (or all on the meta device, for shape inference): one tensor
-    elsewhere would route the call to the fake kernel and return uninitialised memory."""
-    devices = {name: t.device.type for name, t in tensors.items() if isinstance(t, Tensor)}
-    want = "meta" if devices and all(d == "meta" for d in devices.values()) else "cpu"
-    for name, device in devices.items():
-        if device != want:
-            raise ValueError(f"gdn: argument '{name}': expected a tensor on the CPU (gdn's "
-                             f"kernels run there), given one on {device}")
-
-
 def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
          cu_seqlens, chunk_size, residuals, matmul_precision, threads, recurrent, state_v_first):
-    _check_devices(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+    _ops.check_devices(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                    cu_seqlens=cu_seqlens)
     check_choice(residuals, RESIDUALS, "residuals")
     check_choice(matmul_precision, MATMUL_PRECISIONS, "matmul_precision")
@@ -83,16 +67,19 @@ def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2no
                 raise ValueError(f"gdn: argument '{name}': expected {layout} with cu_seqlens "
                                  f"(a packed batch), given {list(x.shape)}")
         q, k, v, g, beta = (x[0] for x in (q, k, v, g, beta))
-    if scale is None:
+    if scale is None and q.dim() >= 1 and q.shape[-1] > 0:  # Dk = 0: the library names q
         scale = float(q.shape[-1]) ** -0.5
     bf16_matmul = matmul_precision == "bf16"
     if not torch.compiler.is_compiling() and _static_shapes(q, k, v, g, beta, initial_state, cu):
         # The library's validation from shapes and dtypes: a static mistake raises here, with
         # the argument, the expected and the given value; and chunk_size 0 is resolved. (Under
         # torch.compile the op validates when it runs.)
-        shape = _gdn.core_shape(_spec(q), _spec(k), _spec(v), _spec(g), _spec(beta),
-                                _spec(initial_state), _spec(cu), float(scale),
-                                bool(use_qk_l2norm_in_kernel), chunk_size, bf16_matmul, threads)
+        with library_names(_ops.OPTION_NAMES):
+            shape = _gdn.core_shape(_spec(q), _spec(k), _spec(v), _spec(g), _spec(beta),
+                                    _spec(initial_state), _spec(cu),
+                                    None if scale is None else float(scale),
+                                    bool(use_qk_l2norm_in_kernel), chunk_size, bf16_matmul,
+                                    threads)
         chunk_size = shape["chunk_size"]
     elif chunk_size == 0:
         raise ValueError("gdn: argument 'chunk_size': 0 (the plan's choice) is resolved in eager "
@@ -223,14 +210,16 @@ def fused_recurrent_gated_delta_rule(
             q, k, v, g=g, beta=beta, initial_state=h, output_final_state=True,
             use_qk_l2norm_in_kernel=True)
     """
-    if gk is not None or gv is not None:
-        raise ValueError("gdn: arguments 'gk' and 'gv': expected None (per-key or per-value "
-                         "gates are not part of the gated delta rule here), given a tensor")
+    for name, x in (("gk", gk), ("gv", gv)):
+        if x is not None:
+            raise ValueError(f"gdn: argument '{name}': expected None (per-key or per-value "
+                             f"gates are not part of the gated delta rule here), given a tensor")
     cdt = _ops.compute_dtype(q.dtype)
     if use_gate_in_kernel:
-        if g is None or A_log is None or dt_bias is None:
-            raise ValueError("gdn: argument 'use_gate_in_kernel': expected g, A_log and dt_bias "
-                             "tensors with it, given None")
+        for name, x in (("g", g), ("A_log", A_log), ("dt_bias", dt_bias)):
+            if x is None:
+                raise ValueError(f"gdn: argument '{name}': expected a tensor with "
+                                 f"use_gate_in_kernel=True, given None")
         g = -A_log.to(cdt).exp() * torch.nn.functional.softplus(g.to(cdt) + dt_bias.to(cdt))
     if g is None:
         g = v.new_zeros(v.shape[:-1], dtype=cdt)

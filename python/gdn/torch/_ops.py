@@ -15,6 +15,11 @@ import torch
 from torch import Tensor
 
 from gdn import _gdn
+from gdn._options import library_names
+
+# The library's option names -> the ops' arguments, in its error messages.
+OPTION_NAMES = {"options.scale": "scale", "options.chunk_size": "chunk_size",
+                "options.threads": "threads"}
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                 torch.float16: "float16", torch.int32: "int32", torch.int64: "int64"}
@@ -30,6 +35,17 @@ def raw(t: Optional[Tensor]):
     if name is None:
         name = str(t.dtype).removeprefix("torch.")  # the library names the argument and dtype
     return (t.data_ptr(), list(t.shape), list(t.stride()), name)
+
+
+def check_devices(**tensors):
+    """Every tensor on the CPU (or all on the meta device, for shape inference): one tensor
+    elsewhere would route the call to the fake kernel and return uninitialised memory."""
+    devices = {name: t.device.type for name, t in tensors.items() if isinstance(t, Tensor)}
+    want = "meta" if devices and all(d == "meta" for d in devices.values()) else "cpu"
+    for name, device in devices.items():
+        if device != want:
+            raise ValueError(f"gdn: argument '{name}': expected a tensor on the CPU (gdn's "
+                             f"kernels run there), given one on {device}")
 
 
 def compute_dtype(activations: torch.dtype) -> torch.dtype:
@@ -77,11 +93,12 @@ def chunk_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     tensor of shape [0]. Residual rows past the batch's chunks are zero."""
     o, ht, states, t_inv = _forward_outputs(q, v, cu_seqlens, chunk_size, want_final_state,
                                             keep_chunk_states, keep_t_inv, torch.empty)
-    _gdn.core_forward(
-        raw(q), raw(k), raw(v), raw(g), raw(beta), raw(initial_state), raw(cu_seqlens), raw(o),
-        raw(ht) if want_final_state else None, raw(states) if keep_chunk_states else None,
-        raw(t_inv) if keep_t_inv else None, scale, use_qk_l2norm, chunk_size, recurrent,
-        bf16_matmul, threads, False)
+    with library_names(OPTION_NAMES):
+        _gdn.core_forward(
+            raw(q), raw(k), raw(v), raw(g), raw(beta), raw(initial_state), raw(cu_seqlens),
+            raw(o), raw(ht) if want_final_state else None,
+            raw(states) if keep_chunk_states else None, raw(t_inv) if keep_t_inv else None,
+            scale, use_qk_l2norm, chunk_size, recurrent, bf16_matmul, threads, False)
     return o, ht, states, t_inv
 
 
@@ -110,11 +127,12 @@ def chunk_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     """The backward: (dq, dk, dv, dg, dbeta, d_initial_state), the last empty ([0]) without an
     initial state. Absent residuals are rebuilt by the library (its t_inv / none policies)."""
     outs = _backward_outputs(q, k, v, g, beta, initial_state, torch.empty)
-    _gdn.core_backward(
-        raw(q), raw(k), raw(v), raw(g), raw(beta), raw(initial_state), raw(cu_seqlens), raw(d_o),
-        raw(d_final_state), raw(chunk_states), raw(t_inv), *(raw(x) for x in outs[:5]),
-        raw(outs[5]) if initial_state is not None else None, scale, use_qk_l2norm, chunk_size,
-        bf16_matmul, threads, False)
+    with library_names(OPTION_NAMES):
+        _gdn.core_backward(
+            raw(q), raw(k), raw(v), raw(g), raw(beta), raw(initial_state), raw(cu_seqlens),
+            raw(d_o), raw(d_final_state), raw(chunk_states), raw(t_inv),
+            *(raw(x) for x in outs[:5]), raw(outs[5]) if initial_state is not None else None,
+            scale, use_qk_l2norm, chunk_size, bf16_matmul, threads, False)
     return outs
 
 

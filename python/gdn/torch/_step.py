@@ -13,8 +13,15 @@ import torch
 from torch import Tensor
 
 from gdn import _gdn
-from gdn._options import static_int
-from gdn.torch._ops import raw
+from gdn._options import library_names, static_int
+from gdn.torch._ops import check_devices, raw
+
+# The library's names -> the op's arguments, in its error messages; fused_gdn_step's batch
+# description adds its own.
+_OP_NAMES = {"recurrent_state": "ssm_state", "options.hk": "num_k_heads",
+             "options.hv": "num_v_heads", "options.dk": "head_k_dim", "options.dv": "head_v_dim",
+             "options.num_spec": "num_spec", "options.threads": "threads"}
+_STEP_NAMES = {"query_start_loc": "cu_seqlens", "state_indices": "initial_state_indices"}
 
 
 @torch.library.custom_op("gdn::step", mutates_args=("conv_state", "ssm_state"),
@@ -32,11 +39,12 @@ def step(qkv: Tensor, a: Tensor, b: Tensor, conv_weight: Tensor, conv_bias: Opti
     [num_slots, Hv, Dk, Dv] (contiguous) are updated in place. Bad input raises ValueError
     before anything is written."""
     out = torch.empty((qkv.shape[0], num_v_heads * head_v_dim), dtype=qkv.dtype)
-    _gdn.step(raw(qkv), raw(a), raw(b), raw(conv_weight), raw(conv_bias), raw(A_log), raw(dt_bias),
-              raw(conv_state), raw(ssm_state), raw(query_start_loc), raw(state_indices),
-              raw(seq_lens), raw(distribution), raw(read_state_indices), raw(read_offsets),
-              raw(out), num_k_heads, num_v_heads, head_k_dim, head_v_dim, num_spec, threads,
-              False)
+    with library_names(_OP_NAMES):
+        _gdn.step(raw(qkv), raw(a), raw(b), raw(conv_weight), raw(conv_bias), raw(A_log),
+                  raw(dt_bias), raw(conv_state), raw(ssm_state), raw(query_start_loc),
+                  raw(state_indices), raw(seq_lens), raw(distribution), raw(read_state_indices),
+                  raw(read_offsets), raw(out), num_k_heads, num_v_heads, head_k_dim, head_v_dim,
+                  num_spec, threads, False)
     return out
 
 
@@ -120,7 +128,14 @@ def fused_gdn_step(
                                        num_k_heads=16, num_v_heads=32, head_k_dim=128,
                                        head_v_dim=128)
     """
+    check_devices(qkv=qkv, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
+                  conv_state=conv_state, ssm_state=ssm_state,
+                  initial_state_indices=initial_state_indices, cu_seqlens=cu_seqlens,
+                  has_initial_state=has_initial_state, conv_bias=conv_bias)
     threads = static_int(threads, "threads")
+    heads = tuple(static_int(x, name) for x, name in (
+        (num_k_heads, "num_k_heads"), (num_v_heads, "num_v_heads"), (head_k_dim, "head_k_dim"),
+        (head_v_dim, "head_v_dim")))
     for name, x in (("initial_state_indices", initial_state_indices), ("cu_seqlens", cu_seqlens)):
         if not isinstance(x, Tensor) or x.dim() != 1 or x.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"gdn: argument '{name}': expected a rank-1 int32 or int64 tensor, "
@@ -152,7 +167,7 @@ def fused_gdn_step(
     # A sequence has history when its total length exceeds its new tokens.
     seq_lens = lengths + has.long()
     taps = conv_weight.shape[-1]
-    return step(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias,
-                _conv_pool(conv_state, taps, qkv.shape[-1]), ssm_state, starts, slots, seq_lens,
-                distribution, None, None, num_k_heads, num_v_heads, head_k_dim, head_v_dim, 0,
-                threads)
+    with library_names(_STEP_NAMES):
+        return step(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias,
+                    _conv_pool(conv_state, taps, qkv.shape[-1]), ssm_state, starts, slots,
+                    seq_lens, distribution, None, None, *heads, 0, threads)
