@@ -196,6 +196,7 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
   // bwd_gates. H = dP . P + dB . B (strict lower: the diagonal's d/dG_i and d/dG_j cancel);
   // dP <- dP . Gamma, dB <- dB . Gamma (dB = beta dL, dL = -dR V_new^T).
   const Vec<Real> lanes = lane_index<Real>();
+  const bool stream_dv = stream_rows<In, Real>(p.shape, p.shape.hv, dv);
   for (std::int64_t i = 0; i < n; ++i) {
     const Vec<Real> row_i = splat(static_cast<Real>(i));
     const Real beta_i = b.beta[i];
@@ -230,7 +231,7 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
               dot(w.y + (n + i) * l.dkp, k + i * l.dkp, l.dkp);
     for (std::int64_t j = 0; j < l.dvp; j += W)
       store(w.dvn + i * l.dvp + j, load(dr + i * l.dvp + j) * beta_i);
-    scatter_row(token_at<In>(bp.dv, seq, t0 + i, h), bp.dv.dim, w.dvn + i * l.dvp, dv);
+    write_row(token_at<In>(bp.dv, seq, t0 + i, h), bp.dv.dim, w.dvn + i * l.dvp, dv, stream_dv);
     *token_at<Real>(bp.dbeta, seq, t0 + i, h) = w.dbeta[i];
   }
   // dg_l = sum_{i >= l} de_i e_i  (e_i = e^G_i)
@@ -299,6 +300,7 @@ void bwd_write_qk(const detail::BackwardProblem& bp, const detail::Sequence& seq
                   BackwardBuffers<Real>& w) {
   const detail::ForwardProblem& p = bp.fwd;
   const std::int64_t dk = p.shape.dk;
+  const bool stream_dqk = stream_rows<In, Real>(p.shape, p.shape.hk, dk);
   for (int part = 0; part < 2; ++part) {
     const detail::TokenTensor<const std::byte*>& x = part == 0 ? p.q : p.k;
     const detail::TokenTensor<std::byte*>& out = part == 0 ? bp.dq : bp.dk;
@@ -316,7 +318,7 @@ void bwd_write_qk(const detail::BackwardProblem& bp, const detail::Sequence& seq
       } else {
         scale_row(d_hat, l.dkp, scale);
       }
-      scatter_row(token_at<In>(out, seq, t0 + i, hk), out.dim, d_hat, dk);
+      write_row(token_at<In>(out, seq, t0 + i, hk), out.dim, d_hat, dk, stream_dqk);
     }
   }
 }
@@ -422,5 +424,8 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
   for (std::int64_t j = 0; j < heads; ++j) {
     store_matrix<Real>(bp.d_initial_state, s, h0 + j, w.ds + j * state_size, dk, dv, l.dvp);
   }
+  // dv, dq and dk may have gone out streamed (io-inl.h: write_row).
+  if (stream_rows<In, Real>(p.shape, p.shape.hv, dv) || stream_rows<In, Real>(p.shape, p.shape.hk, dk))
+    stream_fence();
   clock.lap(Stage::states);
 }

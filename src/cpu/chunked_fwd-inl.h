@@ -255,6 +255,7 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
       ((p.chunk_states.data != nullptr ? dk * dv : 0) + (p.t_inv.data != nullptr ? c * c : 0)) *
       static_cast<std::int64_t>(sizeof(Real));
   const bool streamed = residual_bytes >= kResidualStreamBytes;
+  const bool stream_o = stream_rows<In, Real>(p.shape, p.shape.hv, dv);
 
   for (std::int64_t j = 0; j < heads; ++j) {
     load_matrix<Real, Real>(b.states + j * state_size, dk, dv, l.dvp, p.initial_state, s, h0 + j);
@@ -263,6 +264,18 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
   for (std::int64_t t0 = 0, chunk = seq.first_chunk; t0 < seq.length; t0 += c, ++chunk) {
     const std::int64_t n = min64(c, seq.length - t0);
     chunk_pack_qk<Real, In>(p, seq, h0 / p.group, t0, n, l, b);
+    // What this chunk writes, then what the next one reads, in the order they are needed.
+    prefetch_queue().clear();
+    if (!stream_o) {
+      for (std::int64_t j = 0; j < heads; ++j) queue_tokens<In>(p.o, seq, t0, n, h0 + j, dv, true);
+    }
+    queue_tokens<In>(p.q, seq, t0 + c, c, h0 / p.group, dk, false);
+    queue_tokens<In>(p.k, seq, t0 + c, c, h0 / p.group, dk, false);
+    for (std::int64_t j = 0; j < heads; ++j) {
+      queue_tokens<In>(p.v, seq, t0 + c, c, h0 + j, dv, false);
+      queue_tokens<Real>(p.g, seq, t0 + c, c, h0 + j, 1, false);
+      queue_tokens<Real>(p.beta, seq, t0 + c, c, h0 + j, 1, false);
+    }
     clock.lap(Stage::pack_qk);
     chunk_gram(n, dk, l, b);
     clock.lap(Stage::gram);
@@ -288,7 +301,7 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
       chunk_output(n, l, b);
       clock.lap(Stage::output);
       for (std::int64_t i = 0; i < n; ++i) {
-        scatter_row(token_at<In>(p.o, seq, t0 + i, h), p.o.dim, b.x + i * l.dvp, dv);
+        write_row(token_at<In>(p.o, seq, t0 + i, h), p.o.dim, b.x + i * l.dvp, dv, stream_o);
       }
       clock.lap(Stage::write_o);
       chunk_state(n, dk, state, l, b);
@@ -298,6 +311,7 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
   for (std::int64_t j = 0; j < heads; ++j) {
     store_matrix<Real>(p.final_state, s, h0 + j, b.states + j * state_size, dk, dv, l.dvp);
   }
-  if (streamed) stream_fence();
+  if (streamed || stream_o) stream_fence();
+  prefetch_queue().clear();
   clock.lap(Stage::states);
 }

@@ -75,6 +75,17 @@ inline void gemm_tile_dispatch(int mr, int nv, std::int64_t kdim, const Real* a,
   gemm_tile<Real, MR, NV, Accumulate>(kdim, a, a_row, a_col, b, ldb, c, ldc, c_scale);
 }
 
+// The vectors of a tile's panel (nv from vector j on) that kLowerC needs: those holding a
+// column <= the tile's last row (0: the tile is wholly above the diagonal). Finer than whole
+// tiles: a panel's second vector is skipped in the row tiles above its first column, which at
+// C = 64 on 8 x 2 tiles is a sixth of the lower triangles' vectors.
+inline int lower_c_vectors(unsigned shape, int nv, std::int64_t j, std::int64_t last_row,
+                           int lanes) {
+  if (!(shape & kLowerC)) return nv;
+  const std::int64_t reach = last_row / lanes - j + 1;
+  return reach <= 0 ? 0 : static_cast<int>(min64(nv, reach));
+}
+
 template <class Real, bool Accumulate>
 void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t kdim, const Real* a,
                  std::int64_t a_row, std::int64_t a_col, const Real* b, std::int64_t ldb, Real* c,
@@ -82,17 +93,20 @@ void gemm_panels(std::int64_t m, std::int64_t n, std::int64_t kdim, const Real* 
   constexpr int L = kLanes<Real>;
   constexpr int MR = GDN_GEMM_MR, NV = GDN_GEMM_NV;
   const std::int64_t nvec = n / L;
+  PrefetchQueue& prefetch = prefetch_queue();
   // Column panels outside, row tiles inside: the B panel (k x NV vectors, 16 KiB for
   // k = 128 floats at NV = 2) stays in L1 while every row tile of A streams past it.
   for (std::int64_t j = 0; j < nvec; j += NV) {
     const int nv = static_cast<int>(min64(NV, nvec - j));
     for (std::int64_t i = 0; i < m; i += MR) {
       const int mr = static_cast<int>(min64(MR, m - i));
-      if ((shape & kLowerC) && j * L > i + mr - 1) continue;
+      const int nt = lower_c_vectors(shape, nv, j, i + mr - 1, L);
+      if (nt == 0) continue;
       const std::int64_t k_end = (shape & kLowerA) ? min64(kdim, i + mr) : kdim;
       const std::int64_t k_begin = (shape & kUpperA) ? min64(i, k_end) : 0;
+      prefetch.issue(PrefetchQueue::kLinesPerTile);
       gemm_tile_dispatch<Real, MR, NV, Accumulate>(
-          mr, nv, k_end - k_begin, a + i * a_row + k_begin * a_col, a_row, a_col,
+          mr, nt, k_end - k_begin, a + i * a_row + k_begin * a_col, a_row, a_col,
           b + k_begin * ldb + j * L, ldb, c + i * ldc + j * L, ldc, c_scale);
     }
   }

@@ -200,18 +200,21 @@ void gemm_bf16_dot(std::int64_t m, std::int64_t n, std::int64_t kdim, const floa
   pack_pairs_down(pb, n, b, ldb, kdim, n, kFull);
 
   const std::int64_t nvec = n / L;
+  PrefetchQueue& prefetch = prefetch_queue();
   // Column panels outside, row tiles inside, as gemm_panels: the B panel (kq x NV vectors of
   // words, 8 KiB for k = 128 at NV = 2) stays in L1 while A's row tiles stream past it.
   for (std::int64_t j = 0; j < nvec; j += NV) {
     const int nv = static_cast<int>(min64(NV, nvec - j));
     for (std::int64_t i = 0; i < m; i += MR) {
       const int mr = static_cast<int>(min64(MR, m - i));
-      if ((shape & kLowerC) && j * L > i + mr - 1) continue;
+      const int nt = lower_c_vectors(shape, nv, j, i + mr - 1, L);
+      if (nt == 0) continue;
       const std::int64_t k_end = (shape & kLowerA) ? min64(kdim, i + mr) : kdim;
       const std::int64_t k_begin = (shape & kUpperA) ? min64(i, k_end) : 0;
       const std::int64_t q_begin = k_begin / 2, q_end = (k_end + 1) / 2;
+      prefetch.issue(PrefetchQueue::kLinesPerTile);
       dot_tile_dispatch<MR, NV, Accumulate>(
-          mr, nv, q_end - q_begin, pa + i * pa_row + q_begin * pa_q, pa_row, pa_q,
+          mr, nt, q_end - q_begin, pa + i * pa_row + q_begin * pa_q, pa_row, pa_q,
           pb + q_begin * n + j * L, n, c + i * ldc + j * L, ldc, c_scale);
     }
   }

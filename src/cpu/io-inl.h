@@ -32,6 +32,38 @@ inline void scatter_row(Out* dst, std::int64_t stride, const Real* src, std::int
   }
 }
 
+// Whether row `row` of `cols` elements of Real can be written with whole aligned vectors.
+template <class Real>
+inline bool vector_row(const Real* row, std::int64_t stride, std::int64_t cols) {
+  return stride == 1 && cols % kLanes<Real> == 0 &&
+         reinterpret_cast<std::uintptr_t>(row) % sizeof(Vec<Real>) == 0;
+}
+
+// Writes a row as scatter_row does, with non-temporal stores (simd-inl.h: stream) when
+// `streamed` and the row is whole aligned vectors of Real (kOutputStreamBytes). The caller
+// calls stream_fence() before another thread may read the rows.
+template <class Out, class Real>
+inline void write_row(Out* dst, std::int64_t stride, const Real* src, std::int64_t n,
+                      bool streamed) {
+  if constexpr (__is_same(Out, Real)) {
+    if (streamed && vector_row(dst, stride, n)) {
+      for (std::int64_t j = 0; j < n; j += kLanes<Real>) stream(dst + j, load(src + j));
+      return;
+    }
+  }
+  scatter_row(dst, stride, src, n);
+}
+
+// Whether write_row streams the rows of a token tensor of `heads` x `dim` elements of Out per
+// token: Out is Real (16-bit rows are narrowed on the way, by ordinary stores) and the tensor
+// takes at least kOutputStreamBytes.
+template <class Out, class Real>
+inline bool stream_rows(const ForwardShape& shape, std::int64_t heads, std::int64_t dim) {
+  if constexpr (!__is_same(Out, Real)) return false;
+  const std::int64_t tokens = (shape.batch > 0 ? shape.batch : 1) * shape.tokens;
+  return tokens * heads * dim * static_cast<std::int64_t>(sizeof(Out)) >= kOutputStreamBytes;
+}
+
 template <class Pointer>
 inline std::int64_t matrix_offset(const detail::MatrixTensor<Pointer>& m, std::int64_t index,
                                   std::int64_t h) {
@@ -79,12 +111,6 @@ inline void store_matrix(const detail::MatrixTensor<std::byte*>& dst, std::int64
     scatter_row(base + r * dst.row, dst.col, s + r * ld, cols);
 }
 
-// Whether row `row` of `cols` elements of Real can be written with whole aligned vectors.
-template <class Real>
-inline bool vector_row(const Real* row, std::int64_t stride, std::int64_t cols) {
-  return stride == 1 && cols % kLanes<Real> == 0 &&
-         reinterpret_cast<std::uintptr_t>(row) % sizeof(Vec<Real>) == 0;
-}
 
 // The (index, head) matrix of `dst` = S[0..rows)[0..cols) like store_matrix, with
 // non-temporal stores (simd-inl.h: stream) where every row is whole aligned vectors: a row is
@@ -135,6 +161,20 @@ template <class T>
 inline T* token_at(const detail::TokenTensor<std::byte*>& x, const detail::Sequence& s,
                    std::int64_t t, std::int64_t h) {
   return reinterpret_cast<T*>(x.data) + token_offset(x, s, t, h);
+}
+
+// Queues tokens [t, t + n) of head h of x (the part of the sequence among them) for the
+// products to prefetch (prefetch-inl.h): `elements` of each row, or the first element where
+// the elements are strided.
+template <class T, class Pointer>
+inline void queue_tokens(const detail::TokenTensor<Pointer>& x, const detail::Sequence& s,
+                         std::int64_t t, std::int64_t n, std::int64_t h, std::int64_t elements,
+                         bool write) {
+  const std::int64_t end = min64(t + n, s.length);
+  if (x.data == nullptr || t >= end) return;
+  const auto size = static_cast<std::int64_t>(sizeof(T));
+  prefetch_queue().add(token_at<T>(x, s, t, h), x.token * size, end - t,
+                       (x.dim == 1 ? elements : 1) * size, write);
 }
 
 inline float sqrt_real(float x) { return __builtin_sqrtf(x); }

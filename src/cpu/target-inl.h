@@ -32,6 +32,7 @@ namespace {
 #include "cpu/simd-inl.h"
 #include "cpu/profile-inl.h"
 #include "cpu/half-inl.h"
+#include "cpu/prefetch-inl.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/io-inl.h"
 #include "cpu/chunked_fwd-inl.h"

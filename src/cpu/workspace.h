@@ -163,6 +163,12 @@ inline constexpr std::int64_t kConvStreamBytes = std::int64_t{32} << 20;
 // the backward reads them). src/cpu/chunked_fwd-inl.h.
 inline constexpr std::int64_t kResidualStreamBytes = std::int64_t{32} << 20;
 
+// The chunked forward's o and the backward's dq, dk, dv go out with non-temporal stores when
+// the tensor takes at least this many bytes (as the residuals; smaller ones may still be
+// cached when the next op reads them): their rows lie a token stride apart, and a cached store
+// first reads each line it overwrites. src/cpu/io-inl.h: write_row.
+inline constexpr std::int64_t kOutputStreamBytes = std::int64_t{32} << 20;
+
 // Workspace in elements, rows cpad long: the forward's (K - 1 + kConvSub staged input rows and
 // kConvSub tail vectors), the backward's (K - 1 rows of carried dy, staged rows of
 // K - 1 + kConvSub inputs, kConvSub cotangents and kConvSub dx, one row of zeros).

@@ -308,6 +308,62 @@ TEST(CpuBackward, StreamedResidualsAreBitIdentical) {
   }
 }
 
+// Outputs past 32 MiB (o; dq, dk; dv) go out with non-temporal stores (src/cpu/io-inl.h:
+// write_row), and the forward prefetches its next chunk's rows: each sequence of such a call
+// gives, bit for bit, what the same sequence gives alone (16 MiB outputs: ordinary stores),
+// forward and backward, in every variant.
+TEST(CpuBackward, StreamedOutputsAreBitIdentical) {
+  ProblemSpec spec;
+  spec.lengths = {4096, 4096};  // [8192, 8 heads, 128] float32 = 32 MiB for o, dq, dk, dv
+  spec.hk = 8;
+  spec.hv = 8;
+  spec.dk = 128;
+  spec.dv = 128;
+  spec.l2norm = true;
+  spec.g_lo = -0.5;
+  const Problem p = make_problem(spec);
+  const test::Cotangents c = test::make_cotangents(p, 7);
+  // Tokens [from, from + count) of a [T, H, D] or [T, H] float32 tensor.
+  const auto tokens = [](const Tensor& x, std::int64_t from, std::int64_t count) {
+    const std::int64_t row = x.numel() / x.size(0);
+    const float* at = x.data<float>() + from * row;
+    return x.rank() == 3 ? TensorView(at, {count, x.size(1), x.size(2)})
+                         : TensorView(at, {count, x.size(1)});
+  };
+  // Whether tokens [from, from + count) of `big` equal all of `alone`.
+  const auto same_tokens = [](const Tensor& big, std::int64_t from, const Tensor& alone) {
+    const std::int64_t row = big.numel() / big.size(0);
+    return std::memcmp(big.data<float>() + from * row, alone.data<float>(),
+                       static_cast<std::size_t>(alone.numel()) * sizeof(float)) == 0;
+  };
+  for (CpuIsa isa : compiled_isas()) {
+    ForwardOptions o = p.options();
+    o.isa = isa;
+    o.chunk_size = 64;
+    o.algorithm = Algorithm::chunked;
+    const std::string what = cpu_isa_name(isa);
+    const ForwardResult fwd = chunk_gated_delta_rule_fwd(p.inputs(), o);
+    ASSERT_GE(fwd.o.bytes(), std::size_t{32} << 20);
+    const BackwardResult bwd = chunk_gated_delta_rule_bwd(backward_inputs(p, c, false), o);
+    for (std::int64_t from : {std::int64_t{0}, std::int64_t{4096}}) {
+      const ForwardInputs alone{tokens(p.q, from, 4096),    tokens(p.k, from, 4096),
+                                tokens(p.v, from, 4096),    tokens(p.g, from, 4096),
+                                tokens(p.beta, from, 4096), {},
+                                {}};
+      const ForwardResult own = chunk_gated_delta_rule_fwd(alone, o);
+      EXPECT_TRUE(same_tokens(fwd.o, from, own.o)) << "o from token " << from << ", " << what;
+      BackwardInputs in = BackwardInputs::from(alone);
+      in.d_o = tokens(c.d_o, from, 4096);
+      const BackwardResult own_bwd = chunk_gated_delta_rule_bwd(in, o);
+      const Grads big = grads(bwd), small = grads(own_bwd);
+      for (int g = 0; g < 5; ++g) {
+        EXPECT_TRUE(same_tokens(*big.t[g], from, *small.t[g]))
+            << kNames[g] << " from token " << from << ", " << what;
+      }
+    }
+  }
+}
+
 TEST(CpuBackward, BitIdenticalForAnyThreadCount) {
   ProblemSpec spec;
   spec.lengths = {200, 3, 0, 90, 64};
