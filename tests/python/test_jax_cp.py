@@ -2,14 +2,16 @@
 sequence sharded with ``jax.shard_map`` against the unsharded op (rounding apart) and against
 a float64 reference (pure JAX for the core and layer ops, gdn's float64 kernels for the
 block), with decays slow enough that segments run alone would be far off; and the ops under
-``shard_map`` without ``cp_axis`` (batch over devices, parameters replicated). The sharded runs happen in one subprocess,
-cp_check.py, because the host device count is fixed when JAX starts; its errors are checked
-here one case per test. Errors of the arguments: test_jax_validation.py."""
+``shard_map`` without ``cp_axis`` (batch over devices, parameters replicated). The sharded
+runs happen in one subprocess, cp_check.py, because the host device count is fixed when JAX
+starts; its errors are checked here one case per test. Errors of the arguments:
+test_jax_validation.py."""
 
 import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -53,12 +55,36 @@ OUTPUTS = {"core": {"o", "final_state", "d_q", "d_k", "d_v", "d_g", "d_beta", "d
                      "d_conv1d.weight", "d_out_proj.weight"}}
 
 
+class ShardedRun:
+    """cp_check.py over every case, in its own process, its output in temporary files (a pipe
+    left unread could fill and stall it). About a minute, mostly compiling: conftest.py starts
+    it when the collection selects a test that needs it and moves those tests to the end of
+    the session, so that it runs beside the rest of the suite."""
+
+    def __init__(self):
+        self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "cp_check.py"), *CASES], cwd=HERE,
+            stdout=self.out, stderr=self.err, text=True)
+
+    def result(self, timeout=900):
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.out.seek(0)
+        self.err.seek(0)
+        return self.process.returncode, self.out.read(), self.err.read()
+
+
 @pytest.fixture(scope="module")
-def sharded_errors():
-    run = subprocess.run([sys.executable, os.path.join(HERE, "cp_check.py"), *CASES],
-                         cwd=HERE, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
+def sharded_errors(request):
+    run = getattr(request.config, "gdn_sharded_run", None) or ShardedRun()
+    returncode, stdout, stderr = run.result()
+    assert returncode == 0, (f"cp_check.py exited with {returncode}: " + stdout[-2000:]
+                             + stderr[-4000:])
+    lines = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
     return {**{x["case"]: x["errors"] for x in lines},
             **{x["case"] + ":carried": x["carried"] for x in lines}}
 
