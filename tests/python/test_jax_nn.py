@@ -128,8 +128,10 @@ def test_config_from_hf_and_load_errors(hf, tmp_path):
     config, _, cfg, _, path = hf
     assert nn.GatedDeltaNetConfig.from_hf(config.to_dict()) == cfg
     assert nn.GatedDeltaNetConfig.from_hf({"text_config": config.to_dict()}) == cfg
-    with pytest.raises(KeyError, match="no tensor 'other.in_proj_qkvz.weight'"):
+    with pytest.raises(KeyError, match="argument 'prefix': expected .* to hold tensor "
+                       "'other.in_proj_qkvz.weight'.*given prefix 'other.'") as missing:
         nn.load_hf_params(path, cfg, prefix="other.")
+    assert repr(PREFIX + "in_proj_qkvz.weight") in str(missing.value)  # the near miss, named
     wrong = nn.GatedDeltaNetConfig(64, 2, 4, 16, 16)
     with pytest.raises(ValueError, match="in_proj_qkvz.weight.*expected shape"):
         nn.load_hf_params(path, wrong, prefix=PREFIX)

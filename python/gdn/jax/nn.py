@@ -122,13 +122,16 @@ def load_hf_params(path: str, cfg: GatedDeltaNetConfig, prefix: str = "",
         params = load_hf_params("model-00001-of-00041.safetensors", cfg,
                                 prefix="model.layers.0.linear_attn.")
     """
-    tensors = _read_safetensors(path, [prefix + n for n in PARAM_NAMES])
+    tensors, held = _read_safetensors(path, [prefix + n for n in PARAM_NAMES])
     params = {}
     for name, shape in cfg.param_shapes().items():
         full = prefix + name
         if full not in tensors:
-            raise KeyError(f"gdn: {path}: no tensor '{full}' (the block needs "
-                           f"{[prefix + n for n in PARAM_NAMES]})")
+            near = sorted(n for n in held if n.endswith("." + name) or n == name)[:3]
+            raise KeyError(f"gdn: argument 'prefix': expected {path} to hold tensor '{full}' "
+                           f"(the block needs {[prefix + n for n in PARAM_NAMES]}), given "
+                           f"prefix {prefix!r}: no tensor '{full}' among its {len(held)}"
+                           + (f"; it has {near}" if near else ""))
         value = tensors[full]
         if tuple(value.shape) != shape:
             raise ValueError(f"gdn: tensor '{full}': expected shape {list(shape)} for this "
@@ -140,8 +143,9 @@ def load_hf_params(path: str, cfg: GatedDeltaNetConfig, prefix: str = "",
 _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
-def _read_safetensors(path: str, names) -> dict:
-    """The named tensors of a .safetensors file (those present) as NumPy arrays. The format is
+def _read_safetensors(path: str, names):
+    """The named tensors of a .safetensors file (those present) as NumPy arrays, and the names
+    of every tensor the file holds. The format is
     an 8-byte little-endian header length, a JSON header (name -> dtype, shape, byte offsets
     after the header) and the raw little-endian data. Read here rather than by the safetensors
     package's NumPy loader, which cannot return bf16 (NumPy has no bf16; ml_dtypes, which jax
@@ -167,7 +171,7 @@ def _read_safetensors(path: str, names) -> dict:
         dt = ml_dtypes.bfloat16 if kind == "bfloat16" else np.dtype(kind).newbyteorder("<")
         lo, hi = entry["data_offsets"]
         out[name] = np.array(data[lo:hi].view(dt).reshape(entry["shape"]))
-    return out
+    return out, [n for n in header if n != "__metadata__"]
 
 
 def _matmul(x, weight):
