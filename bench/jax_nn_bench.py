@@ -7,6 +7,7 @@ backward) where it fits.
 Examples:
   .venv/bin/python bench/jax_nn_bench.py                       # 8192 and 65536 tokens
   .venv/bin/python bench/jax_nn_bench.py --seq 8192 --repeats 3
+  .venv/bin/python bench/jax_nn_bench.py --seq 65536 --passes fwd+bwd --residuals none --no-baseline
   .venv/bin/python bench/jax_nn_bench.py --svg docs/img/jax_nn_bench.svg
 
 Each row runs in two processes. Latency: the median of --repeats runs after a warm-up
@@ -51,6 +52,9 @@ def parse_args(argv=None):
     p.add_argument("--seq", default="8192,65536", help="comma list of token counts (8192,65536)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per row (3)")
     p.add_argument("--passes", default="fwd,fwd+bwd", help="comma list of fwd, fwd+bwd")
+    p.add_argument("--residuals", default="all,t_inv,none",
+                   help="comma list of the forward + backward rows' residual choices: all (all "
+                        "saved), t_inv (T^-1 only), none (full remat) (all,t_inv,none)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the block's dtype: float32, or bfloat16 (hybrid precision) (float32)")
     p.add_argument("--no-baseline", action="store_true", help="skip the pure-JAX block")
@@ -67,6 +71,10 @@ def parse_args(argv=None):
         p.error(f"--seq: expected a comma list of token counts, given {args.seq!r}")
     if not args.seq or min(args.seq) < 1 or args.repeats < 1:
         p.error("--seq and --repeats must be positive")
+    args.residuals = args.residuals.split(",")
+    if not args.residuals or not set(args.residuals) <= set(RESIDUALS):
+        p.error(f"--residuals: expected a comma list of {', '.join(RESIDUALS)}, given "
+                f"{','.join(args.residuals)!r}")
     args.passes = args.passes.split(",")
     if not args.passes or not set(args.passes) <= {"fwd", "fwd+bwd"}:
         p.error(f"--passes: expected a comma list of fwd, fwd+bwd, given {','.join(args.passes)!r}")
@@ -223,11 +231,12 @@ def main(argv=None):
     plans = []
     for seq in sorted(args.seq):
         for pss in args.passes:
-            for res in (("all",) if pss == "fwd" else tuple(RESIDUALS)):
+            for res in (("all",) if pss == "fwd" else tuple(args.residuals)):
                 plans.append(dict(seq=seq, impl="gdn", residuals=res, label=RESIDUALS[res]
                                   if pss != "fwd" else "", **{"pass": pss}))
             if not args.no_baseline:
-                for res in (("all",) if pss == "fwd" else ("all", "none")):
+                for res in (("all",) if pss == "fwd" else
+                            tuple(r for r in ("all", "none") if r in args.residuals)):
                     plans.append(dict(seq=seq, impl="jax", residuals=res,
                                       label=RESIDUALS[res] if pss != "fwd" else "",
                                       **{"pass": pss}))
