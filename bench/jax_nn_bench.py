@@ -23,8 +23,9 @@ bfloat16 their bf16 copies count): what the remat choice changes, and
 what each further layer of a deep model adds to its peak, while one block's own peak is its
 backward's working set.
 A row runs only where its peak, extrapolated linearly in T from the same row at the smallest
---seq, fits in --budget (gdn) or --baseline-budget (pure JAX) GiB, 14 each on this 24 GiB
-machine; the table names the rows that would not fit and what they would need.
+--seq, fits in --budget (gdn) or --baseline-budget (pure JAX) GiB, 14 each by default; the
+table names the rows that would not fit and what they would need. gdn's 65536-token forward +
+backward rows peak at about 19 GiB: --budget 22 runs them on a 24 GiB machine.
 """
 
 from __future__ import annotations
