@@ -18,6 +18,13 @@
 // the caller's memory holds there, so a tile's k range can be widened to whole pairs: the extra
 // products are exact zeros for finite B.
 
+// The register tile of the bf16 products (rows x vectors of C), the variant's float32 tile
+// unless the variant names its own.
+#ifndef GDN_GEMM_BF16_MR
+#define GDN_GEMM_BF16_MR GDN_GEMM_MR
+#define GDN_GEMM_BF16_NV GDN_GEMM_NV
+#endif
+
 // Lanes l of 16 with from <= base + l <= to.
 inline __mmask16 lane_range(std::int64_t base, std::int64_t from, std::int64_t to) {
   const std::int64_t a = from - base < 0 ? 0 : (from - base > 16 ? 16 : from - base);
@@ -176,7 +183,7 @@ void gemm_bf16_dot(std::int64_t m, std::int64_t n, std::int64_t kdim, const floa
                    std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb,
                    float* c, std::int64_t ldc, float c_scale, unsigned shape, float* scratch) {
   constexpr int L = 16;
-  constexpr int MR = GDN_GEMM_MR, NV = GDN_GEMM_NV;
+  constexpr int MR = GDN_GEMM_BF16_MR, NV = GDN_GEMM_BF16_NV;
   static_assert(kLanes<float> == L, "the avx512_bf16 variant has 16 float lanes");
   const std::int64_t kq = (kdim + 1) / 2;
   auto* pa = reinterpret_cast<std::uint32_t*>(scratch);
@@ -202,7 +209,7 @@ void gemm_bf16_dot(std::int64_t m, std::int64_t n, std::int64_t kdim, const floa
   const std::int64_t nvec = n / L;
   PrefetchQueue& prefetch = prefetch_queue();
   // Column panels outside, row tiles inside, as gemm_panels: the B panel (kq x NV vectors of
-  // words, 8 KiB for k = 128 at NV = 2) stays in L1 while A's row tiles stream past it.
+  // words, 16 KiB for k = 128 at NV = 4) stays in L1 while A's row tiles stream past it.
   for (std::int64_t j = 0; j < nvec; j += NV) {
     const int nv = static_cast<int>(min64(NV, nvec - j));
     for (std::int64_t i = 0; i < m; i += MR) {
