@@ -18,13 +18,6 @@
 // the caller's memory holds there, so a tile's k range can be widened to whole pairs: the extra
 // products are exact zeros for finite B.
 
-// The register tile of the bf16 products (rows x vectors of C), the variant's float32 tile
-// unless the variant names its own.
-#ifndef GDN_GEMM_BF16_MR
-#define GDN_GEMM_BF16_MR GDN_GEMM_MR
-#define GDN_GEMM_BF16_NV GDN_GEMM_NV
-#endif
-
 // Lanes l of 16 with from <= base + l <= to.
 inline __mmask16 lane_range(std::int64_t base, std::int64_t from, std::int64_t to) {
   const std::int64_t a = from - base < 0 ? 0 : (from - base > 16 ? 16 : from - base);
@@ -183,7 +176,10 @@ void gemm_bf16_dot(std::int64_t m, std::int64_t n, std::int64_t kdim, const floa
                    std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb,
                    float* c, std::int64_t ldc, float c_scale, unsigned shape, float* scratch) {
   constexpr int L = 16;
-  constexpr int MR = GDN_GEMM_BF16_MR, NV = GDN_GEMM_BF16_NV;
+  // The register tile, rows x vectors of C: 4 x 4 beat the float32 tile's 8 x 2, and 6 x 4,
+  // 8 x 3, 12 x 2, by 2-3 % in the forward and 2-5 % in the backward on Zen 4
+  // (docs/perf_matmul.md).
+  constexpr int MR = 4, NV = 4;
   static_assert(kLanes<float> == L, "the avx512_bf16 variant has 16 float lanes");
   const std::int64_t kq = (kdim + 1) / 2;
   auto* pa = reinterpret_cast<std::uint32_t*>(scratch);

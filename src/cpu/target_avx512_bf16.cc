@@ -7,10 +7,6 @@
 #define GDN_VECTOR_BYTES 64
 #define GDN_GEMM_MR 8
 #define GDN_GEMM_NV 2
-// The vdpbf16ps tile: 4 rows x 4 vectors beat 8 x 2, 6 x 4, 8 x 3 and 12 x 2 by 2-3 % in the
-// forward and 2-5 % in the backward on Zen 4 (docs/perf_matmul.md).
-#define GDN_GEMM_BF16_MR 4
-#define GDN_GEMM_BF16_NV 4
 #include "cpu/target-inl.h"
 
 namespace gdn::cpu {
