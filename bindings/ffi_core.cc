@@ -31,8 +31,8 @@ ffi::Error forward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::An
                    ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> final_state,
                    ffi::Result<ffi::AnyBuffer> chunk_states, ffi::Result<ffi::AnyBuffer> t_inv,
                    double scale, bool l2norm, std::int64_t chunk_size, bool bf16_matmul,
-                   std::int64_t threads, bool has_h0, bool has_cu_seqlens, bool want_final_state,
-                   bool want_chunk_states, bool want_t_inv) {
+                   std::int64_t threads, bool has_h0, bool has_cu_seqlens, bool want_o,
+                   bool want_final_state, bool want_chunk_states, bool want_t_inv) {
   return guarded([&] {
     ForwardInputs in{view(q, "q"), view(k, "k"),       view(v, "v"),
                      view(g, "g"), view(beta, "beta"), optional_view(h0, has_h0, "initial_state"),
@@ -42,7 +42,7 @@ ffi::Error forward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::An
     const ForwardOptions options = core_options(scale, l2norm, chunk_size, bf16_matmul, threads);
     const ForwardShape shape = forward_shape(in, options);
     ForwardOutputs out;
-    out.o = mutable_view(o, "o");
+    out.o = optional_mutable_view(o, want_o, "o");
     out.final_state = optional_mutable_view(final_state, want_final_state, "final_state");
     const MutableTensorView states =
         optional_mutable_view(chunk_states, want_chunk_states, "chunk_states");
@@ -116,6 +116,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GdnForward, forward,
                                   .Attr<std::int64_t>("threads")
                                   .Attr<bool>("has_h0")
                                   .Attr<bool>("has_cu_seqlens")
+                                  .Attr<bool>("want_o")
                                   .Attr<bool>("want_final_state")
                                   .Attr<bool>("want_chunk_states")
                                   .Attr<bool>("want_t_inv"));

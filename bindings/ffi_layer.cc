@@ -55,7 +55,8 @@ ffi::Error layer_forward(
     ffi::Result<ffi::AnyBuffer> t_inv, std::int64_t hk, std::int64_t hv, std::int64_t dk,
     std::int64_t dv, std::int64_t chunk_size, bool bf16_matmul, std::int64_t threads,
     bool has_conv_bias, bool has_conv_state, bool has_recurrent_state, bool has_cu_seqlens,
-    bool want_chunk_states, bool want_t_inv) {
+    bool want_out, bool want_conv_state_out, bool want_recurrent_state_out, bool want_chunk_states,
+    bool want_t_inv) {
   return guarded([&] {
     std::optional<IndexArray> cu;
     const LayerInputs in = layer_inputs(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias,
@@ -64,9 +65,10 @@ ffi::Error layer_forward(
     const LayerOptions options = layer_options(hk, hv, dk, dv, chunk_size, bf16_matmul, threads);
     const ForwardShape shape = fused_gdn_shape(in, options);
     LayerOutputs o;
-    o.out = mutable_view(out, "out");
-    o.conv_state_out = mutable_view(conv_state_out, "conv_state_out");
-    o.recurrent_state_out = mutable_view(recurrent_state_out, "recurrent_state_out");
+    o.out = optional_mutable_view(out, want_out, "out");
+    o.conv_state_out = optional_mutable_view(conv_state_out, want_conv_state_out, "conv_state_out");
+    o.recurrent_state_out =
+        optional_mutable_view(recurrent_state_out, want_recurrent_state_out, "recurrent_state_out");
     const MutableTensorView states =
         optional_mutable_view(chunk_states, want_chunk_states, "chunk_states");
     const MutableTensorView tinv = optional_mutable_view(t_inv, want_t_inv, "t_inv");
@@ -196,6 +198,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GdnLayerForward, layer_forward,
                                   .Attr<bool>("has_conv_state")
                                   .Attr<bool>("has_recurrent_state")
                                   .Attr<bool>("has_cu_seqlens")
+                                  .Attr<bool>("want_out")
+                                  .Attr<bool>("want_conv_state_out")
+                                  .Attr<bool>("want_recurrent_state_out")
                                   .Attr<bool>("want_chunk_states")
                                   .Attr<bool>("want_t_inv"));
 

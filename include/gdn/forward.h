@@ -84,7 +84,10 @@ struct ForwardInputs {
 };
 
 // Outputs, written by the call (the caller owns the memory; nothing is allocated for them).
-//   o            [T, Hv, Dv] (batched: [B, T, Hv, Dv]), the dtype of q. Required.
+//   o            [T, Hv, Dv] (batched: [B, T, Hv, Dv]), the dtype of q. Optional: without it
+//                the chunked forward skips the output products and writes only the states
+//                and residuals asked for (what a rematerialising backward rebuilds, at the
+//                cost of the backward's rebuild); at least one output must be given.
 //   final_state  [N, Hv, Dk, Dv], the compute dtype. Optional. May be the very same view as
 //                initial_state (same pointer, same strides): the state is updated in place.
 //   chunk_states [total_chunks, Hv, Dk, Dv], the state entering every chunk. Optional.

@@ -62,7 +62,8 @@ struct LayerInputs {
 
 // Outputs (caller-owned; out in the dtype of qkv, the states and residuals in the compute
 // dtype, float64 for f64 inputs, else float32):
-//   out                  [T, Hv Dv]
+//   out                  [T, Hv Dv], optional: without it the layer writes only the states
+//                        and residuals asked for (gdn/forward.h, o); at least one output
 //   conv_state_out       [N, K - 1, D], optional
 //   recurrent_state_out  [N, Hv, Dk, Dv], optional (may be exactly the view of
 //                        recurrent_state: updated in place)

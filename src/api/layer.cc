@@ -115,13 +115,19 @@ void layer_forward(const LayerInputs& in, const LayerOutputs& out, const LayerOp
   cpu::conv_forward(w.conv.problem, options.isa, options.threads);
   // 16-bit activations: the gated delta rule writes float32 (its inputs are the conv's float32
   // output), rounded into out once.
-  const bool narrow = v.dtype != v.compute_dtype;
+  const bool with_out = out.out.present();
+  const bool narrow = with_out && v.dtype != v.compute_dtype;
   Tensor out32 = narrow ? Tensor(v.compute_dtype, {v.tokens, options.hv * options.dv}) : Tensor{};
   const MutableTensorView core_out = narrow ? out32.mutable_view() : out.out;
-  chunk_gated_delta_rule_fwd(core_inputs(in, options, w),
-                             {heads_view(core_out, options.hv, options.dv), out.recurrent_state_out,
-                              out.chunk_states, out.t_inv},
-                             core_options(options));
+  // Without out the core writes only the states and residuals (gdn/forward.h), if any.
+  if (with_out || out.recurrent_state_out.present() || out.chunk_states.present() ||
+      out.t_inv.present()) {
+    chunk_gated_delta_rule_fwd(
+        core_inputs(in, options, w),
+        {with_out ? heads_view(core_out, options.hv, options.dv) : MutableTensorView(),
+         out.recurrent_state_out, out.chunk_states, out.t_inv},
+        core_options(options));
+  }
   if (narrow) {
     const Real* o = static_cast<const Real*>(out32.raw());
     const std::int64_t width = options.hv * options.dv;

@@ -359,12 +359,21 @@ void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
     check_rank(name, *view);
   }
 
-  if (!out.o.present())
-    fail("o", "an output view " + shape_string(shape.o_rank(), shape.o_sizes()), "absent");
-  expect_shape("o", out.o, shape.o_rank(), shape.o_sizes(),
-               batched ? "[B, T, Hv, Dv]" : "[T, Hv, Dv]");
-  expect_dtype("o", out.o, out_dtype, why_out);
-  check_extent("o", out.o);
+  // o may be left out (the states and residuals alone: what a rematerialising backward
+  // rebuilds), but a call must write something.
+  if (!out.o.present() && !out.final_state.present() && !out.chunk_states.present() &&
+      !out.t_inv.present()) {
+    fail("o",
+         "an output view " + shape_string(shape.o_rank(), shape.o_sizes()) +
+             " (or, without o, at least one of final_state, chunk_states, t_inv)",
+         "no output at all");
+  }
+  if (out.o.present()) {
+    expect_shape("o", out.o, shape.o_rank(), shape.o_sizes(),
+                 batched ? "[B, T, Hv, Dv]" : "[T, Hv, Dv]");
+    expect_dtype("o", out.o, out_dtype, why_out);
+    check_extent("o", out.o);
+  }
   if (out.final_state.present()) {
     expect_shape("final_state", out.final_state, 4, shape.state_sizes(), "[N, Hv, Dk, Dv]");
     expect_dtype("final_state", out.final_state, residual_dtype, why_res);
@@ -395,7 +404,7 @@ void validate_forward(const ForwardInputs& in, const ForwardOutputs& out,
                  named_inputs(in), {{&out.final_state, &in.initial_state}});
 
   set_forward_inputs(in, options, result->sequences, &p);
-  p.o = token_tensor(out.o, batched, true);
+  if (out.o.present()) p.o = token_tensor(out.o, batched, true);
   p.final_state = matrix_tensor(out.final_state);
   p.chunk_states = matrix_tensor(out.chunk_states);
   p.t_inv = matrix_tensor(out.t_inv);
@@ -647,8 +656,17 @@ void validate_layer_forward(const LayerInputs& in, const LayerOutputs& out,
   const std::string why_state =
       f64 ? " (reference outputs are float64)" : compute_dtype_why(r.dtype);
   const std::int64_t n = r.core.num_seqs;
+  // out may be left out (the states and residuals alone), but a call must write something.
+  if (!out.out.present() && !out.conv_state_out.present() && !out.recurrent_state_out.present() &&
+      !out.chunk_states.present() && !out.t_inv.present()) {
+    fail("out",
+         "an output view " + shape_string(2, {r.tokens, options.hv * options.dv, 0, 0}) +
+             " (or, without out, at least one of conv_state_out, recurrent_state_out, "
+             "chunk_states, t_inv)",
+         "no output at all");
+  }
   expect_output("out", out.out, 2, {r.tokens, options.hv * options.dv, 0, 0}, "[T, Hv Dv]",
-                out_dtype, why, true);
+                out_dtype, why, false);
   expect_output("conv_state_out", out.conv_state_out, 3, {n, r.taps - 1, r.channels, 0},
                 "[N, K - 1, D]", state, why_state, false);
   expect_output("recurrent_state_out", out.recurrent_state_out, 4, r.core.state_sizes(),

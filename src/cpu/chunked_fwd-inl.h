@@ -255,7 +255,10 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
       ((p.chunk_states.data != nullptr ? dk * dv : 0) + (p.t_inv.data != nullptr ? c * c : 0)) *
       static_cast<std::int64_t>(sizeof(Real));
   const bool streamed = residual_bytes >= kResidualStreamBytes;
-  const bool stream_o = stream_rows<In, Real>(p.shape, p.shape.hv, dv);
+  // Without o (the states and residuals alone, as a rematerialising backward wants them) the
+  // chunk skips Q S and the output product: the backward's rebuild_step, plus the residuals.
+  const bool with_o = p.o.data != nullptr;
+  const bool stream_o = with_o && stream_rows<In, Real>(p.shape, p.shape.hv, dv);
 
   for (std::int64_t j = 0; j < heads; ++j) {
     load_matrix<Real, Real>(b.states + j * state_size, dk, dv, l.dvp, p.initial_state, s, h0 + j);
@@ -296,14 +299,16 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
       clock.lap(Stage::solve);
       store_t_inv<Real>(p.t_inv, chunk, h, b.a, n, c, l.cp, streamed);
       clock.lap(Stage::residuals);
-      chunk_wy(n, dk, state, l, b);
+      chunk_wy(n, dk, state, l, b, with_o);
       clock.lap(Stage::wy);
-      chunk_output(n, l, b);
-      clock.lap(Stage::output);
-      for (std::int64_t i = 0; i < n; ++i) {
-        write_row(token_at<In>(p.o, seq, t0 + i, h), p.o.dim, b.x + i * l.dvp, dv, stream_o);
+      if (with_o) {
+        chunk_output(n, l, b);
+        clock.lap(Stage::output);
+        for (std::int64_t i = 0; i < n; ++i) {
+          write_row(token_at<In>(p.o, seq, t0 + i, h), p.o.dim, b.x + i * l.dvp, dv, stream_o);
+        }
+        clock.lap(Stage::write_o);
       }
-      clock.lap(Stage::write_o);
       chunk_state(n, dk, state, l, b);
       clock.lap(Stage::state);
     }

@@ -119,7 +119,7 @@ void recurrent_head(const detail::ForwardProblem& p, std::int64_t s, std::int64_
       for (std::int64_t j = 0; j < l.dvp; j += W)
         store(row + j, load(row + j) * alpha + load(v + j) * kr);
     }
-    scatter_row(token_at<In>(p.o, seq, t, h), p.o.dim, qs, dv);
+    if (p.o.data != nullptr) scatter_row(token_at<In>(p.o, seq, t, h), p.o.dim, qs, dv);
   }
   store_matrix<Real>(p.final_state, s, h, state, dk, dv, l.dvp);
 }

@@ -99,7 +99,7 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
         for (std::int64_t e = 0; e < dv; ++e) o[e] += weight * vnew[j * dv + e];
       }
       for (std::int64_t e = 0; e < dv; ++e) o[e] *= p.scale;
-      write_row(p.o, seq, t0 + i, h, dv, o.data());
+      if (p.o.data != nullptr) write_row(p.o, seq, t0 + i, h, dv, o.data());
     }
     write_matrix(p.t_inv, chunk, h, n, n, c, a.data(), c, c);
     // S = e^(G_last) S + (diag(e^(G_last - G)) K)^T V_new.

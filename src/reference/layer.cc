@@ -148,9 +148,15 @@ void fused_gdn_fwd(const LayerInputs& in, const LayerOutputs& out,
                           "absent (the layer reference keeps no residuals)", "an output view");
   }
   const Forward f = recompute(in, options, v);
-  recurrent_fwd(core_inputs(in, options, f),
-                {heads_view(out.out, options.hv, options.dv), out.recurrent_state_out, {}, {}},
-                core_options(options));
+  if (out.out.present() || out.recurrent_state_out.present()) {
+    recurrent_fwd(
+        core_inputs(in, options, f),
+        {out.out.present() ? heads_view(out.out, options.hv, options.dv) : MutableTensorView(),
+         out.recurrent_state_out,
+         {},
+         {}},
+        core_options(options));
+  }
   if (out.conv_state_out.present()) {
     for (std::size_t s = 0; s < v.sequences.size(); ++s) {
       for (std::int64_t r = 0; r + 1 < v.taps; ++r) {

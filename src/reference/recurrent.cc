@@ -44,7 +44,7 @@ void recurrent_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_
       for (std::int64_t i = 0; i < dk; ++i) sq += state[i * dv + j] * q[i];
       o[j] = p.scale * sq;
     }
-    write_row(p.o, seq, t, h, dv, o.data());
+    if (p.o.data != nullptr) write_row(p.o, seq, t, h, dv, o.data());
   }
   write_matrix(p.final_state, s, h, dk, dv, dv, state.data(), dk, dv);
 }

@@ -179,7 +179,11 @@ const std::vector<Rule>& rules() {
          s.options.algorithm = Algorithm::recurrent;
        }},
       // Outputs.
-      {"OutputAbsent", "o", {"absent"}, [](Fixture& s) { s.out.o = {}; }},
+      // o alone may be left out (tests/cpu/forward_test.cc, WithoutOutput...); not everything.
+      {"NoOutputAtAll",
+       "o",
+       {"at least one of final_state, chunk_states, t_inv", "no output at all"},
+       [](Fixture& s) { s.out = {}; }},
       {"OutputShape", "o", {"[T, Hv, Dv]", "[70, 4, 8]"}, [](Fixture& s) { s.out.o.sizes[1] = 5; }},
       {"OutputDtype", "o", {"dtype f32", "f64"}, [](Fixture& s) { s.out.o.dtype = DType::f64; }},
       {"FinalStateShape",

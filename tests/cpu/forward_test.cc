@@ -666,6 +666,74 @@ TEST(CpuForward, ZeroLengthSequences) {
   EXPECT_TRUE(test::bit_identical(r.final_state, empty.h0, "T = 0"));
 }
 
+// Without o the forward writes the same final states and residuals, bit for bit (what a JAX
+// remat backward asks of it when o is saved or unused): every ISA variant, both algorithms,
+// bf16 operands, the float64 reference; short last chunks, a zero-length sequence, Dk != Dv.
+TEST(CpuForward, WithoutOutputWritesTheSameStatesAndResiduals) {
+  ProblemSpec spec;
+  spec.lengths = {130, 0, 64, 5};
+  spec.hk = 1;
+  spec.hv = 2;
+  spec.dk = 32;
+  spec.dv = 40;
+  spec.initial_state = true;
+  spec.l2norm = true;
+  const Problem p = make_problem(spec);
+  auto check = [&](const ForwardResult& with_o, DType dtype, const ForwardOptions& o,
+                   bool has_t_inv, auto&& run, const std::string& what) {
+    Tensor ht(dtype, 4, with_o.final_state.sizes());
+    Tensor states(dtype, 4, with_o.chunk_states.sizes());
+    Tensor t_inv = has_t_inv ? Tensor(dtype, 4, with_o.t_inv.sizes()) : Tensor();
+    run(p.inputs(),
+        ForwardOutputs{{},
+                       ht.mutable_view(),
+                       states.mutable_view(),
+                       has_t_inv ? t_inv.mutable_view() : MutableTensorView()},
+        o);
+    EXPECT_TRUE(test::bit_identical(ht, with_o.final_state, what + ": final_state"));
+    EXPECT_TRUE(test::bit_identical(states, with_o.chunk_states, what + ": chunk_states"));
+    if (has_t_inv) {
+      EXPECT_TRUE(test::bit_identical(t_inv, with_o.t_inv, what + ": t_inv"));
+    }
+  };
+  auto cpu = [](const ForwardInputs& in, const ForwardOutputs& out, const ForwardOptions& o) {
+    chunk_gated_delta_rule_fwd(in, out, o);
+  };
+  for (CpuIsa isa : compiled_isas()) {
+    for (Algorithm algorithm : {Algorithm::chunked, Algorithm::recurrent}) {
+      for (MatmulPrecision precision : {MatmulPrecision::compute, MatmulPrecision::bf16}) {
+        if (algorithm == Algorithm::recurrent && precision == MatmulPrecision::bf16) continue;
+        ForwardOptions o = p.options();
+        o.chunk_size = 32;
+        o.isa = isa;
+        o.algorithm = algorithm;
+        o.matmul_precision = precision;
+        const bool chunked = algorithm == Algorithm::chunked;
+        const ForwardResult with_o = chunk_gated_delta_rule_fwd(p.inputs(), o, Residuals::all);
+        check(
+            with_o, DType::f32, o, chunked, cpu,
+            variant(isa, algorithm) + (precision == MatmulPrecision::bf16 ? " bf16 operands" : ""));
+      }
+    }
+  }
+  ForwardOptions o = p.options();
+  o.chunk_size = 32;
+  const ForwardResult ref_o = ref::chunked_fwd(p.inputs(), o, Residuals::all);
+  check(
+      ref_o, DType::f64, o, true,
+      [](const ForwardInputs& in, const ForwardOutputs& out, const ForwardOptions& opt) {
+        ref::chunked_fwd(in, out, opt);
+      },
+      "reference, chunked");
+  const ForwardResult ref_rec = ref::recurrent_fwd(p.inputs(), o, Residuals::all);
+  check(
+      ref_rec, DType::f64, o, false,
+      [](const ForwardInputs& in, const ForwardOutputs& out, const ForwardOptions& opt) {
+        ref::recurrent_fwd(in, out, opt);
+      },
+      "reference, recurrent");
+}
+
 // The forced-ISA environment variable and option reach the dispatch.
 TEST(CpuForward, UnavailableIsaIsAClearError) {
   for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16}) {

@@ -194,6 +194,61 @@ TEST(CpuLayer, ContinuationEqualsOneCall) {
 }
 
 // Parameter gradients are sums over every token: bit for bit the same for any thread count.
+// Without out the layer writes the same states and residuals, bit for bit (what a JAX remat
+// backward asks of it when out is saved or unused): every ISA variant, float32 and float64,
+// and the float64 reference's states.
+TEST(CpuLayer, WithoutOutWritesTheSameStatesAndResiduals) {
+  for (DType dtype : {DType::f32, DType::f64}) {
+    test::LayerSpec spec;
+    spec.lengths = {130, 0, 2, 65};
+    spec.hk = 1;
+    spec.hv = 2;
+    spec.dk = 16;
+    spec.dv = 24;
+    spec.conv_state = true;
+    spec.recurrent_state = true;
+    spec.dtype = dtype;
+    const test::LayerProblem p = test::make_layer_problem(spec);
+    for (CpuIsa isa : compiled_isas()) {
+      LayerOptions o = p.options();
+      o.isa = isa;
+      o.chunk_size = 32;
+      const LayerForwardResult with_out = fused_gdn_fwd(p.inputs(), o, Residuals::all);
+      LayerForwardResult r;
+      for (auto [to, from] : {std::pair{&r.conv_state_out, &with_out.conv_state_out},
+                              {&r.recurrent_state_out, &with_out.recurrent_state_out},
+                              {&r.chunk_states, &with_out.chunk_states},
+                              {&r.t_inv, &with_out.t_inv}}) {
+        *to = Tensor(from->dtype(), from->rank(), from->sizes());
+      }
+      fused_gdn_fwd(p.inputs(),
+                    {{},
+                     r.conv_state_out.mutable_view(),
+                     r.recurrent_state_out.mutable_view(),
+                     r.chunk_states.mutable_view(),
+                     r.t_inv.mutable_view()},
+                    o);
+      const std::string what = std::string(cpu_isa_name(isa)) + ", " + dtype_name(dtype) + ": ";
+      EXPECT_TRUE(
+          test::bit_identical(r.conv_state_out, with_out.conv_state_out, what + "conv_state_out"));
+      EXPECT_TRUE(test::bit_identical(r.recurrent_state_out, with_out.recurrent_state_out,
+                                      what + "recurrent_state_out"));
+      EXPECT_TRUE(
+          test::bit_identical(r.chunk_states, with_out.chunk_states, what + "chunk_states"));
+      EXPECT_TRUE(test::bit_identical(r.t_inv, with_out.t_inv, what + "t_inv"));
+    }
+    if (dtype != DType::f32) continue;
+    const LayerForwardResult ref_out = ref::fused_gdn_fwd(p.inputs(), p.options());
+    Tensor conv(DType::f64, ref_out.conv_state_out.rank(), ref_out.conv_state_out.sizes());
+    Tensor rec(DType::f64, ref_out.recurrent_state_out.rank(), ref_out.recurrent_state_out.sizes());
+    ref::fused_gdn_fwd(p.inputs(), {{}, conv.mutable_view(), rec.mutable_view(), {}, {}},
+                       p.options());
+    EXPECT_TRUE(test::bit_identical(conv, ref_out.conv_state_out, "reference: conv_state_out"));
+    EXPECT_TRUE(
+        test::bit_identical(rec, ref_out.recurrent_state_out, "reference: recurrent_state_out"));
+  }
+}
+
 TEST(CpuLayer, BitIdenticalForAnyThreadCount) {
   test::LayerSpec spec;
   spec.lengths = {700, 3, 0, 257};  // several conv items, one ending a token past a block

@@ -34,6 +34,17 @@ def assert_close(x, ref, tol, what=""):
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e} (worst at {worst})"
 
 
+def results_asked(lowered_text, target, letters):
+    """What each call of FFI target `target` in a lowered program asks for, sorted: per call
+    the letters whose attribute is true (letters: {letter: attribute}), "-" for none."""
+    calls = []
+    for line in lowered_text.splitlines():
+        if f"custom_call @{target}(" in line:
+            calls.append("".join(letter for letter, attr in letters.items()
+                                 if f"{attr} = true" in line) or "-")
+    return sorted(calls)
+
+
 class Problem:
     """Random inputs of the core op in fla's layout, float32 (g in a realistic decay range)."""
 

@@ -11,7 +11,7 @@ from jax.ad_checkpoint import checkpoint_policies
 import gdn
 import gdn.jax
 import jax_reference as ref
-from conftest import Problem, assert_close
+from conftest import Problem, assert_close, results_asked
 
 TOL_F32 = 1e-4
 
@@ -177,21 +177,53 @@ def test_residual_names_appear_in_the_jaxpr_and_the_saved_set():
     assert "name=gdn_t_inv" in jaxpr and "name=gdn_chunk_states" not in jaxpr
 
 
-def _forward_calls(f, args):
-    return jax.jit(jax.grad(f)).lower(*args).as_text().count("@gdn_forward(")
+# Under jax.value_and_grad of a loss reading o linearly (<o, d_o>) or also squared (so that
+# the rest of the backward reads o), what the gdn_forward calls of the compiled program ask
+# for (o, S: chunk states, T: T^-1), per checkpoint policy. A result nobody reads is not
+# computed: when the backward needs only the residuals, its replay is the C++ forward
+# without o, i.e. the backward's own rebuild of them; o needed again is replayed alone.
+REMAT_CALLS = [
+    # policy id, saved names, o read by the backward, the calls
+    ("no_checkpoint", None, False, ["oST"]),
+    ("names_kept", "residuals", False, ["oST"]),
+    ("output_kept", "output", False, ["ST", "o"]),
+    ("names_dropped", ("some_other_name",), False, ["ST", "o"]),
+    ("full_remat", (), False, ["ST", "o"]),
+    ("no_checkpoint_o_read", None, True, ["oST"]),
+    ("names_kept_o_read", "residuals", True, ["o", "oST"]),
+    ("output_kept_o_read", "output", True, ["ST", "o"]),
+    ("all_kept_o_read", "all", True, ["oST"]),
+    ("full_remat_o_read", (), True, ["o", "oST"]),
+]
 
 
-def test_saving_the_output_name_too_leaves_one_forward_call():
+@pytest.mark.parametrize("policy_id, saved, o_read, calls", REMAT_CALLS,
+                         ids=[c[0] for c in REMAT_CALLS])
+def test_remat_replays_only_what_the_backward_reads_with_identical_gradients(
+        policy_id, saved, o_read, calls):
     p, kw, chunk = make(CASES[0])
     args = (*p.args(), jnp.asarray(p.h0))
-    loss = loss_of(gdn_fn(chunk), p, kw)
-    squared = lambda *a: loss(*a) + jnp.sum(gdn_fn(chunk)(*a[:5], **kw)[0] ** 2)  # noqa: E731
-    names = checkpoint_policies.save_only_these_names
-    # o is needed by the rest of the graph (d/do of o^2): unsaved, the backward replays the call
-    assert _forward_calls(jax.checkpoint(squared, policy=names(*gdn.jax.RESIDUAL_NAMES)),
-                          args) > 2
-    assert _forward_calls(jax.checkpoint(squared, policy=names(
-        *gdn.jax.RESIDUAL_NAMES, gdn.jax.OUTPUT_NAME)), args) == 2
+
+    def loss(q, k, v, g, beta, h0):
+        o, ht = gdn_fn(chunk)(q, k, v, g, beta, initial_state=h0, **kw)
+        value = jnp.sum(o * p.d_o) + jnp.sum(ht * p.d_ht)
+        return value + jnp.sum(o ** 2) if o_read else value
+
+    names = {"residuals": gdn.jax.RESIDUAL_NAMES, "output": (gdn.jax.OUTPUT_NAME,),
+             "all": (*gdn.jax.RESIDUAL_NAMES, gdn.jax.OUTPUT_NAME)}.get(saved, saved)
+    f = loss if saved is None else jax.checkpoint(
+        loss, policy=checkpoint_policies.save_only_these_names(*names))
+    argnums = (0, 1, 2, 3, 4, 5)
+    value_and_grad = jax.jit(jax.value_and_grad(f, argnums=argnums))
+    text = value_and_grad.lower(*args).as_text()
+    assert results_asked(text, "gdn_forward",
+                         {"o": "want_o", "S": "want_chunk_states", "T": "want_t_inv"}) == calls
+    value, grads = value_and_grad(*args)
+    want_value, want = jax.jit(jax.value_and_grad(loss, argnums=argnums))(*args)
+    # The loss's own sums may be fused differently per program; the op's results may not.
+    np.testing.assert_allclose(np.asarray(value), np.asarray(want_value), rtol=1e-6)
+    for name, x, y in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads, want):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
 
 
 def test_final_state_is_none_unless_asked():

@@ -9,7 +9,7 @@ from jax.ad_checkpoint import checkpoint_policies
 
 import gdn.jax
 import jax_reference as ref
-from conftest import assert_close
+from conftest import assert_close, results_asked
 
 TOL_F32 = 1e-4
 
@@ -121,6 +121,38 @@ def test_residual_policies_and_checkpoint_names_give_identical_gradients():
     jaxpr = str(jax.make_jaxpr(jax.grad(p.loss(gdn_layer), argnums=(0,)))(*p.diff_args()))
     for name in (*gdn.jax.RESIDUAL_NAMES, gdn.jax.OUTPUT_NAME):
         assert f"name={name}" in jaxpr, name
+
+
+# What the gdn_layer_forward calls of jax.value_and_grad ask for (o: out, S: chunk states,
+# T: T^-1) per checkpoint policy: as the core op's (test_jax_core.py, REMAT_CALLS), a replay
+# computes only what the backward reads.
+LAYER_REMAT_CALLS = [
+    ("no_checkpoint", None, ["oST"]),
+    ("names_kept", (*gdn.jax.RESIDUAL_NAMES,), ["oST"]),
+    ("output_kept", (gdn.jax.OUTPUT_NAME,), ["ST", "o"]),
+    ("full_remat", (), ["ST", "o"]),
+]
+
+
+@pytest.mark.parametrize("policy_id, saved, calls", LAYER_REMAT_CALLS,
+                         ids=[c[0] for c in LAYER_REMAT_CALLS])
+def test_remat_replays_only_what_the_backward_reads_with_identical_gradients(
+        policy_id, saved, calls):
+    p = LayerProblem(CASES[0])
+    argnums = p.argnums()
+    loss = p.loss(gdn_layer)
+    f = loss if saved is None else jax.checkpoint(
+        loss, policy=checkpoint_policies.save_only_these_names(*saved))
+    value_and_grad = jax.jit(jax.value_and_grad(f, argnums=argnums))
+    text = value_and_grad.lower(*p.diff_args()).as_text()
+    assert results_asked(text, "gdn_layer_forward",
+                         {"o": "want_out", "S": "want_chunk_states", "T": "want_t_inv"}) == calls
+    value, grads = value_and_grad(*p.diff_args())
+    want_value, want = jax.jit(jax.value_and_grad(loss, argnums=argnums))(*p.diff_args())
+    # The loss's own sums may be fused differently per program; the op's results may not.
+    np.testing.assert_allclose(np.asarray(value), np.asarray(want_value), rtol=1e-6)
+    for i, x, y in zip(argnums, grads, want):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(i))
 
 
 def test_hybrid_precision_bf16_activations_and_bf16_parameters():

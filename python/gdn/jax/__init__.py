@@ -21,7 +21,9 @@ RESIDUAL_NAMES = ("gdn_chunk_states", "gdn_t_inv")
 
 OUTPUT_NAME = "gdn_core_attn_out"
 """The name of the ops' output o (MaxText's). A policy that saves it with the residuals keeps
-the backward from replaying the forward call to get o back for the rest of the model."""
+the backward from replaying the forward call to get o back for the rest of the model; one that
+saves it alone has the backward replay the forward without o (the C++ rebuild of the
+residuals)."""
 
 __all__ = ["chunk_gated_delta_rule", "fused_gdn", "fused_conv1d_gdn", "RESIDUAL_NAMES",
            "OUTPUT_NAME"]

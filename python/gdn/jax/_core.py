@@ -43,6 +43,9 @@ class _Static(NamedTuple):
 
 
 def _forward_call(st: _Static, q, k, v, g, beta, h0, cu, residuals: bool):
+    # Every result is asked for; the ones the program never reads are dropped by the
+    # dead-code pass (_ffi.OPTIONAL_RESULTS), e.g. o when a remat backward needs only the
+    # residuals.
     hv, dk, dv = v.shape[-2], q.shape[-1], v.shape[-1]
     cdt = jnp.dtype(st.compute_dtype)
     keep_states = residuals and st.keep_states
@@ -59,7 +62,7 @@ def _forward_call(st: _Static, q, k, v, g, beta, h0, cu, residuals: bool):
     return _ffi.call(
         "gdn_forward", results, q, k, v, g, beta, _ffi.placeholder(h0), _ffi.placeholder(cu),
         scale=st.scale, l2norm=st.l2norm, chunk_size=st.chunk_size, bf16_matmul=st.bf16_matmul,
-        threads=st.threads, has_h0=st.has_h0, has_cu_seqlens=cu is not None,
+        threads=st.threads, has_h0=st.has_h0, has_cu_seqlens=cu is not None, want_o=True,
         want_final_state=st.want_final_state, want_chunk_states=keep_states,
         want_t_inv=keep_t_inv)
 

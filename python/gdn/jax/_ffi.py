@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.extend.core import DropVar, new_jaxpr_eqn
+from jax.interpreters import partial_eval as pe
 
 from gdn import _gdn
 # The ops call these from here.
@@ -15,6 +17,17 @@ for _name, _capsule in _gdn.ffi_handlers().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 RESIDUALS = ("all", "t_inv", "none")
+
+# Per target, the attribute that asks for each result (None: always written). An output the
+# rest of the program never reads is not computed: the dead-code pass below turns its
+# attribute off. This is what makes a remat policy that drops the residual names cheap: the
+# backward then needs the forward call only for its residuals, and the C++ forward without o
+# is the backward's own rebuild (docs/jax.md, "Gradients and remat").
+OPTIONAL_RESULTS = {
+    "gdn_forward": ("want_o", "want_final_state", "want_chunk_states", "want_t_inv"),
+    "gdn_layer_forward": ("want_out", "want_conv_state_out", "want_recurrent_state_out",
+                          "want_chunk_states", "want_t_inv"),
+}
 MATMUL_PRECISIONS = ("compute", "bf16")
 
 
@@ -107,3 +120,56 @@ def like_primal(cotangent, primal):
     if missing:  # a cotangent the same on every device of a primal that is not
         cotangent = jax.lax.pcast(cotangent, tuple(sorted(missing, key=str)), to="varying")
     return cotangent
+
+
+def _ffi_call_primitive():
+    """The primitive jax.ffi.ffi_call binds (read off a traced call: JAX does not export it)."""
+    probe = jax.ffi.ffi_call("gdn_probe", jax.ShapeDtypeStruct((0,), jnp.float32))
+    return jax.make_jaxpr(probe)().eqns[0].primitive
+
+
+def _drop_unread_results(used_outputs, eqn):
+    """Dead-code elimination of one gdn FFI call: results nobody reads are asked for no more
+    (their attribute off, their buffer the zero-element placeholder)."""
+    wants = OPTIONAL_RESULTS.get(eqn.params.get("target_name"))
+    if wants is None:
+        return _previous_rule(used_outputs, eqn)
+    if not any(used_outputs) and not eqn.effects:
+        return [False] * len(eqn.invars), None
+    attrs = dict(eqn.params["attributes"])
+    drop = [i for i, (used, want) in enumerate(zip(used_outputs, wants))
+            if not used and want is not None and attrs.get(want)]
+    if not drop:
+        return [True] * len(eqn.invars), eqn
+    avals, outvars = list(eqn.params["result_avals"]), list(eqn.outvars)
+    layouts = eqn.params.get("output_layouts")
+    layouts = list(layouts) if layouts is not None else None
+    for i in drop:
+        attrs[wants[i]] = False
+        sharding = getattr(avals[i], "sharding", None)
+        empty = {"shape": (0,), "dtype": jnp.dtype(jnp.float32)}
+        if sharding is not None:  # rank 1 now: the placeholder's replicated spec
+            empty["sharding"] = sharding.update(spec=jax.sharding.PartitionSpec())
+        avals[i] = avals[i].update(**empty)
+        outvars[i] = DropVar(avals[i])
+        if layouts is not None:
+            layouts[i] = (0,)
+    params = dict(eqn.params, attributes=tuple(sorted(attrs.items())),
+                  result_avals=tuple(avals))
+    if layouts is not None:
+        params["output_layouts"] = tuple(layouts)
+    return [True] * len(eqn.invars), new_jaxpr_eqn(
+        eqn.invars, outvars, eqn.primitive, params, eqn.effects, eqn.source_info, eqn.ctx)
+
+
+def default_dce_rule(used_outputs, eqn):
+    """What the dead-code pass does with a primitive that has no rule of its own."""
+    if not any(used_outputs) and not eqn.effects:
+        return [False] * len(eqn.invars), None
+    return [True] * len(eqn.invars), eqn
+
+
+# bench/jax_remat_bench.py swaps the rule for default_dce_rule to measure what it gains.
+FFI_CALL = _ffi_call_primitive()
+_previous_rule = pe.dce_rules.get(FFI_CALL, default_dce_rule)
+pe.dce_rules[FFI_CALL] = _drop_unread_results

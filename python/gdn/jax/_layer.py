@@ -66,8 +66,8 @@ def _forward_call(st: _Static, args, residuals: bool):
     return _ffi.call(
         "gdn_layer_forward", results, qkv, a, b, w, _ffi.placeholder(bias), A_log, dt_bias,
         _ffi.placeholder(conv_state), _ffi.placeholder(rec_state), _ffi.placeholder(cu),
-        **_head_attrs(st), **_input_flags(st, cu), want_chunk_states=keep_states,
-        want_t_inv=keep_t_inv)
+        **_head_attrs(st), **_input_flags(st, cu), want_out=True, want_conv_state_out=True,
+        want_recurrent_state_out=True, want_chunk_states=keep_states, want_t_inv=keep_t_inv)
 
 
 def _backward_call(st: _Static, args, d_out, d_conv_state_out, d_rec_state_out, states, t_inv):
