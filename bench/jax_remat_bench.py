@@ -121,9 +121,9 @@ def main(argv=None):
             start = time.perf_counter()
             jax.block_until_ready(compiled(*operands))
             times[key].append((time.perf_counter() - start) * 1e3)
-    print(f"{args.layers} layers of chunk_gated_delta_rule in lax.scan, {t} tokens, Hk {hk} Hv {hv} "
-          f"Dk {dk} Dv {dv}, op threads {args.threads or 'all'}; value_and_grad, ms over "
-          f"{args.repeats} runs")
+    print(f"{args.layers} layers of chunk_gated_delta_rule in lax.scan, {t} tokens, Hk {hk} "
+          f"Hv {hv} Dk {dk} Dv {dv}, op threads {args.threads or 'all'}; value_and_grad, ms "
+          f"over {args.repeats} runs")
     print(f"{'policy':14s} {'rule':4s} {'forward calls':22s} {'median':>9s} {'min':>9s}  gain")
     for name in policies:
         medians = {}

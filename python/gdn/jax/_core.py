@@ -162,7 +162,10 @@ def chunk_gated_delta_rule(
         entering every chunk, named ``gdn_chunk_states``, [chunks, Hv, Dk, Dv], and every
         chunk's T^-1, named ``gdn_t_inv``, [chunks, Hv, C, C]), "t_inv" (only T^-1; the C++
         backward rebuilds the states) or "none" (the backward rebuilds both). Gradients are the
-        same bit for bit. The names let ``jax.checkpoint`` policies keep or drop them.
+        same bit for bit. The names let ``jax.checkpoint`` policies keep or drop them; a
+        policy that drops them has the backward replay the C++ forward for them alone,
+        without o unless the backward reads o too (docs/jax.md, "Gradients and the
+        residual names").
       matmul_precision: "compute" or "bf16" (the chunked products' operands rounded to bf16,
         float32 sums; docs/numerics.md).
       threads: CPU threads of the call, 0 = all (OMP_NUM_THREADS). Results do not depend on it.

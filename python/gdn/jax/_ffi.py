@@ -22,7 +22,7 @@ RESIDUALS = ("all", "t_inv", "none")
 # rest of the program never reads is not computed: the dead-code pass below turns its
 # attribute off. This is what makes a remat policy that drops the residual names cheap: the
 # backward then needs the forward call only for its residuals, and the C++ forward without o
-# is the backward's own rebuild (docs/jax.md, "Gradients and remat").
+# is the backward's own rebuild (docs/jax.md, "Gradients and the residual names").
 OPTIONAL_RESULTS = {
     "gdn_forward": ("want_o", "want_final_state", "want_chunk_states", "want_t_inv"),
     "gdn_layer_forward": ("want_out", "want_conv_state_out", "want_recurrent_state_out",
