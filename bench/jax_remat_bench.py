@@ -6,9 +6,11 @@ at the Qwen3-Next shape, in one process, the timed runs interleaved.
 Examples:
   .venv/bin/python bench/jax_remat_bench.py                     # 8192 tokens, 2 layers
   .venv/bin/python bench/jax_remat_bench.py --seq 2048 --layers 4 --repeats 3
+  .venv/bin/python bench/jax_remat_bench.py --loop             # layers unrolled, no lax.scan
 
 Each layer's output is the next layer's v (o feeds the model, as in a real stack); the loss
-is the sum of the last output. Printed per policy and rule setting: what each gdn_forward call
+is the sum of the last output. Before timing, the gradients with the rule on and off are
+checked to be the same bit for bit. Printed per policy and rule setting: what each gdn_forward call
 of the compiled program asks for (o; S, the chunk states; T, T^-1), the median and minimum
 time, and the rule's gain; then one forward call alone, asked for everything, for the
 residuals only and for o only. The op runs on --threads threads (XLA's own ops on its
@@ -34,6 +36,8 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=2, help="layers in the scan (default 2)")
     p.add_argument("--threads", type=int, default=1, help="the op's threads, 0 = all (default 1)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs of each program (5)")
+    p.add_argument("--loop", action="store_true",
+                   help="unroll the layers in Python instead of lax.scan")
     args = p.parse_args(argv)
     for name in ("seq", "layers", "repeats"):
         if getattr(args, name) < 1:
@@ -82,6 +86,10 @@ def main(argv=None):
                 body = layer if policy is None else jax.checkpoint(layer, policy=policy)
 
                 def loss(x, s, body=body):
+                    if args.loop:
+                        for i in range(args.layers):
+                            x = body(x, s[i])[0]
+                        return jnp.sum(x)
                     return jnp.sum(jax.lax.scan(body, x, s)[0])
 
                 print(f"compiling {name}, rule {'on' if on else 'off'}", file=sys.stderr)
@@ -113,6 +121,12 @@ def main(argv=None):
         compiled = jax.jit(lambda *a, pick=pick: pick(forward(*a))).lower(
             q, k, v, g, beta).compile()
         programs[(name, None)] = (compiled, (q, k, v, g, beta))
+    for name in policies:  # the rule changes what is computed, never the result
+        (value_on, grads_on), (value_off, grads_off) = (
+            programs[(name, on)][0](v, scales) for on in (True, False))
+        np.testing.assert_allclose(np.asarray(value_on), np.asarray(value_off), rtol=1e-6)
+        for x, y in zip(grads_on, grads_off):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
     times = {key: [] for key in programs}
     for r in range(args.repeats):
         print(f"run {r + 1}/{args.repeats}", file=sys.stderr)
@@ -121,7 +135,8 @@ def main(argv=None):
             start = time.perf_counter()
             jax.block_until_ready(compiled(*operands))
             times[key].append((time.perf_counter() - start) * 1e3)
-    print(f"{args.layers} layers of chunk_gated_delta_rule in lax.scan, {t} tokens, Hk {hk} "
+    layout = "unrolled" if args.loop else "in lax.scan"
+    print(f"{args.layers} layers of chunk_gated_delta_rule {layout}, {t} tokens, Hk {hk} "
           f"Hv {hv} Dk {dk} Dv {dv}, op threads {args.threads or 'all'}; value_and_grad, ms "
           f"over {args.repeats} runs")
     print(f"{'policy':14s} {'rule':4s} {'forward calls':22s} {'median':>9s} {'min':>9s}  gain")

@@ -193,7 +193,6 @@ TEST(CpuLayer, ContinuationEqualsOneCall) {
   }
 }
 
-// Parameter gradients are sums over every token: bit for bit the same for any thread count.
 // Without out the layer writes the same states and residuals, bit for bit (what a JAX remat
 // backward asks of it when out is saved or unused): every ISA variant, float32 and float64,
 // and the float64 reference's states.
@@ -249,6 +248,7 @@ TEST(CpuLayer, WithoutOutWritesTheSameStatesAndResiduals) {
   }
 }
 
+// Parameter gradients are sums over every token: bit for bit the same for any thread count.
 TEST(CpuLayer, BitIdenticalForAnyThreadCount) {
   test::LayerSpec spec;
   spec.lengths = {700, 3, 0, 257};  // several conv items, one ending a token past a block

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.extend.core import DropVar, new_jaxpr_eqn
 from jax.interpreters import partial_eval as pe
+
+try:  # the dead-code rule below needs them (JAX 0.10 has them; older JAX goes without it)
+    from jax.extend.core import DropVar, new_jaxpr_eqn
+except ImportError:  # pragma: no cover
+    DropVar = new_jaxpr_eqn = None
 
 from gdn import _gdn
 # The ops call these from here.
@@ -136,11 +140,23 @@ def _drop_unread_results(used_outputs, eqn):
         return _previous_rule(used_outputs, eqn)
     if not any(used_outputs) and not eqn.effects:
         return [False] * len(eqn.invars), None
+    try:
+        new_eqn = _without_results(used_outputs, eqn, wants)
+    except (KeyError, AttributeError, TypeError, ValueError):
+        # Parameters of ffi_call this JAX names otherwise: keep the call whole (correct, it
+        # only computes more).
+        new_eqn = eqn
+    return [True] * len(eqn.invars), new_eqn
+
+
+def _without_results(used_outputs, eqn, wants):
     attrs = dict(eqn.params["attributes"])
     drop = [i for i, (used, want) in enumerate(zip(used_outputs, wants))
             if not used and want is not None and attrs.get(want)]
-    if not drop:
-        return [True] * len(eqn.invars), eqn
+    # A call must still write something (the library refuses one that writes nothing).
+    if not drop or not any(attrs.get(w) for i, w in enumerate(wants)
+                           if w is not None and i not in drop):
+        return eqn
     avals, outvars = list(eqn.params["result_avals"]), list(eqn.outvars)
     layouts = eqn.params.get("output_layouts")
     layouts = list(layouts) if layouts is not None else None
@@ -158,8 +174,8 @@ def _drop_unread_results(used_outputs, eqn):
                   result_avals=tuple(avals))
     if layouts is not None:
         params["output_layouts"] = tuple(layouts)
-    return [True] * len(eqn.invars), new_jaxpr_eqn(
-        eqn.invars, outvars, eqn.primitive, params, eqn.effects, eqn.source_info, eqn.ctx)
+    return new_jaxpr_eqn(eqn.invars, outvars, eqn.primitive, params, eqn.effects,
+                         eqn.source_info, eqn.ctx)
 
 
 def default_dce_rule(used_outputs, eqn):
@@ -172,4 +188,5 @@ def default_dce_rule(used_outputs, eqn):
 # bench/jax_remat_bench.py swaps the rule for default_dce_rule to measure what it gains.
 FFI_CALL = _ffi_call_primitive()
 _previous_rule = pe.dce_rules.get(FFI_CALL, default_dce_rule)
-pe.dce_rules[FFI_CALL] = _drop_unread_results
+if DropVar is not None:
+    pe.dce_rules[FFI_CALL] = _drop_unread_results
