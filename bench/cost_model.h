@@ -65,12 +65,13 @@ inline StageFlops backward_stage_flops(double n, double dk, double dv) {
   return f;
 }
 
-// Rebuilding one chunk's state without residuals (the t_inv and none policies):
-// [Q;K] K^T 2 n^2 dk, K S 2 n dk dv, V_new = A R n^2 dv, the state update 2 n dk dv, and with
-// no t_inv kept the solve n^3 / 3. Counted once per chunk (a single rebuild pass); sequences
-// long enough to be checkpointed rebuild twice (src/cpu/backward.cc).
+// Rebuilding one chunk's state without residuals (the t_inv and none policies; also the
+// forward asked for no output): K K^T, strict lower triangle n(n-1) dk (Q is not read), K S
+// 2 n dk dv, V_new = A R n^2 dv, the state update 2 n dk dv, and with no t_inv kept the solve
+// n^3 / 3. Counted once per chunk (a single rebuild pass); sequences long enough to be
+// checkpointed rebuild twice (src/cpu/backward.cc).
 inline double rebuild_flops_per_chunk(double n, double dk, double dv, bool solve) {
-  return 2 * n * n * dk + 4 * n * dk * dv + n * n * dv + (solve ? n * n * n / 3 : 0.0);
+  return n * (n - 1) * dk + 4 * n * dk * dv + n * n * dv + (solve ? n * n * n / 3 : 0.0);
 }
 
 // Sums a per-chunk cost over the chunks of `seqs` sequences of tokens_per_seq tokens, x Hv.

@@ -87,7 +87,8 @@ void chunk_t_inv(const detail::BackwardProblem& bp, std::int64_t chunk, std::int
 }
 
 // The forward step of one head over one chunk without its output: `state` (entering) becomes
-// the state leaving the chunk. Needs the shared q/k buffers and the raw gram of the chunk.
+// the state leaving the chunk. Needs the shared K buffers and the K rows of the chunk's raw gram
+// (chunk_pack_qk and chunk_gram without Q).
 // Bit-identical to the forward's step: the same stages compute K S, R, V_new and the update.
 template <class Real, class In>
 void rebuild_step(const detail::BackwardProblem& bp, const detail::Sequence& seq,
@@ -95,7 +96,7 @@ void rebuild_step(const detail::BackwardProblem& bp, const detail::Sequence& seq
                   const ChunkedLayout& l, ChunkBuffers<Real>& b) {
   const detail::ForwardProblem& p = bp.fwd;
   chunk_pack_v<Real, In>(p, seq, h, t0, n, l, b);
-  chunk_kkt(n, l, b);
+  chunk_kkt(n, l, b, /*with_p=*/false);
   chunk_t_inv(bp, chunk, h, n, l, b);
   chunk_wy(n, p.shape.dk, state, l, b, /*with_q=*/false);
   chunk_state(n, p.shape.dk, state, l, b);
@@ -356,8 +357,8 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
   // Advances the states in `from` (one per head) over chunk `index` into `to`.
   auto advance = [&](std::int64_t index, auto&& from, auto&& to) {
     const std::int64_t t0 = index * c, n = min64(c, seq.length - t0);
-    chunk_pack_qk<Real, In>(p, seq, hk, t0, n, l, b);
-    chunk_gram(n, dk, l, b);
+    chunk_pack_qk<Real, In>(p, seq, hk, t0, n, l, b, /*with_q=*/false);
+    chunk_gram(n, dk, l, b, /*with_q=*/false);
     for (std::int64_t j = 0; j < heads; ++j) {
       if (from(j) != to(j)) copy_state(from(j), to(j));
       rebuild_step<Real, In>(bp, seq, seq.first_chunk + index, h0 + j, t0, n, to(j), l, b);
@@ -425,7 +426,8 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
     store_matrix<Real>(bp.d_initial_state, s, h0 + j, w.ds + j * state_size, dk, dv, l.dvp);
   }
   // dv, dq and dk may have gone out streamed (io-inl.h: write_row).
-  if (stream_rows<In, Real>(p.shape, p.shape.hv, dv) || stream_rows<In, Real>(p.shape, p.shape.hk, dk))
+  if (stream_rows<In, Real>(p.shape, p.shape.hv, dv) ||
+      stream_rows<In, Real>(p.shape, p.shape.hk, dk))
     stream_fence();
   clock.lap(Stage::states);
 }

@@ -71,16 +71,22 @@ struct ChunkBuffers {
 
 // Gathers the q and k rows of the n tokens of the chunk starting at token t0 for key head hk:
 // Q rows 0..n-1 (normalised and scaled), K rows n..2n-1, and K^T. Padding is zero.
+// With with_q = false the Q rows are left unwritten: a step without its output (the forward
+// asked for no o, the backward's rebuild) never reads them.
 template <class Real, class In>
 void chunk_pack_qk(const detail::ForwardProblem& p, const detail::Sequence& seq, std::int64_t hk,
-                   std::int64_t t0, std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+                   std::int64_t t0, std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b,
+                   bool with_q = true) {
   const std::int64_t dk = p.shape.dk;
   const Real scale = static_cast<Real>(p.scale);
   Real* q = b.qk;
   Real* k = b.qk + n * l.dkp;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t t = t0 + i;
-    pack_qk_row(q + i * l.dkp, token_at<In>(p.q, seq, t, hk), p.q.dim, dk, l.dkp, p.l2norm, scale);
+    if (with_q) {
+      pack_qk_row(q + i * l.dkp, token_at<In>(p.q, seq, t, hk), p.q.dim, dk, l.dkp, p.l2norm,
+                  scale);
+    }
     pack_qk_row(k + i * l.dkp, token_at<In>(p.k, seq, t, hk), p.k.dim, dk, l.dkp, p.l2norm,
                 static_cast<Real>(1));
   }
@@ -90,10 +96,13 @@ void chunk_pack_qk(const detail::ForwardProblem& p, const detail::Sequence& seq,
 }
 
 // gram = [Q;K] K^T, lower triangles only (the rest of the tiles wholly above the diagonal is
-// left unwritten and never read unmasked).
+// left unwritten and never read unmasked). With with_q = false only K K^T (rows n..2n-1).
 template <class Real>
-void chunk_gram(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
-  gemm<Real, false>(n, l.cp, dk, b.qk, l.dkp, 1, b.kt, l.cp, b.gram, l.cp, 1, kLowerC, b.bf16);
+void chunk_gram(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuffers<Real>& b,
+                bool with_q = true) {
+  if (with_q) {
+    gemm<Real, false>(n, l.cp, dk, b.qk, l.dkp, 1, b.kt, l.cp, b.gram, l.cp, 1, kLowerC, b.bf16);
+  }
   gemm<Real, false>(n, l.cp, dk, b.qk + n * l.dkp, l.dkp, 1, b.kt, l.cp, b.gram + n * l.cp, l.cp, 1,
                     kLowerC, b.bf16);
 }
@@ -116,12 +125,15 @@ void chunk_pack_v(const detail::ForwardProblem& p, const detail::Sequence& seq, 
 }
 
 // From the raw gram, this head's P (rows 0..n-1) and L (rows n..2n-1) in pl, each a full
-// padded row with zeros above the (strict) diagonal; then e^(G_last - G).
+// padded row with zeros above the (strict) diagonal; then e^(G_last - G). With with_p = false
+// (a step that only advances the state, whose gram has no Q rows) neither P nor the
+// backward's Gamma and B are formed.
 template <class Real>
-void chunk_kkt(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+void chunk_kkt(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b, bool with_p = true) {
   constexpr int W = kLanes<Real>;
   const Vec<Real> lanes = lane_index<Real>();
   const Vec<Real> zero{};
+  const bool with_gamma = with_p && b.gamma != nullptr;
   // diff holds row i of D: D_ij = g_(j+1) + ... + g_i for j < i, 0 at j = i, -inf past i.
   fill<Real>(b.diff, l.cp, -__builtin_huge_val());
   for (std::int64_t i = 0; i < n; ++i) {
@@ -138,17 +150,17 @@ void chunk_kkt(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
       const Vec<Real> col = lanes + static_cast<Real>(j);
       const Vec<Real> gamma = vexp<Real>(load(b.diff + j));  // 0 past the diagonal
       const Vec<Real> kk = col < row_i ? load(kk_row + j) * gamma : zero;
-      store(prow + j, col <= row_i ? load(qk_row + j) * gamma : zero);
+      if (with_p) store(prow + j, col <= row_i ? load(qk_row + j) * gamma : zero);
       store(lrow + j, kk * beta_i);
-      if (b.gamma != nullptr) {
+      if (with_gamma) {
         store(b.gamma + i * l.cp + j, gamma);
         store(b.bmat + i * l.cp + j, kk);
       }
     }
     for (std::int64_t j = used; j < l.cp; j += W) {
-      store(prow + j, zero);
+      if (with_p) store(prow + j, zero);
       store(lrow + j, zero);
-      if (b.gamma != nullptr) {
+      if (with_gamma) {
         store(b.gamma + i * l.cp + j, zero);
         store(b.bmat + i * l.cp + j, zero);
       }
@@ -256,7 +268,8 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
       static_cast<std::int64_t>(sizeof(Real));
   const bool streamed = residual_bytes >= kResidualStreamBytes;
   // Without o (the states and residuals alone, as a rematerialising backward wants them) the
-  // chunk skips Q S and the output product: the backward's rebuild_step, plus the residuals.
+  // chunk skips everything Q feeds (its packing, Q K^T, P, Q S, the output product): the
+  // backward's rebuild_step, plus the residuals.
   const bool with_o = p.o.data != nullptr;
   const bool stream_o = with_o && stream_rows<In, Real>(p.shape, p.shape.hv, dv);
 
@@ -266,13 +279,13 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
   clock.lap(Stage::states);
   for (std::int64_t t0 = 0, chunk = seq.first_chunk; t0 < seq.length; t0 += c, ++chunk) {
     const std::int64_t n = min64(c, seq.length - t0);
-    chunk_pack_qk<Real, In>(p, seq, h0 / p.group, t0, n, l, b);
+    chunk_pack_qk<Real, In>(p, seq, h0 / p.group, t0, n, l, b, with_o);
     // What this chunk writes, then what the next one reads, in the order they are needed.
     prefetch_queue().clear();
     if (!stream_o) {
       for (std::int64_t j = 0; j < heads; ++j) queue_tokens<In>(p.o, seq, t0, n, h0 + j, dv, true);
     }
-    queue_tokens<In>(p.q, seq, t0 + c, c, h0 / p.group, dk, false);
+    if (with_o) queue_tokens<In>(p.q, seq, t0 + c, c, h0 / p.group, dk, false);
     queue_tokens<In>(p.k, seq, t0 + c, c, h0 / p.group, dk, false);
     for (std::int64_t j = 0; j < heads; ++j) {
       queue_tokens<In>(p.v, seq, t0 + c, c, h0 + j, dv, false);
@@ -280,7 +293,7 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
       queue_tokens<Real>(p.beta, seq, t0 + c, c, h0 + j, 1, false);
     }
     clock.lap(Stage::pack_qk);
-    chunk_gram(n, dk, l, b);
+    chunk_gram(n, dk, l, b, with_o);
     clock.lap(Stage::gram);
     for (std::int64_t j = 0; j < heads; ++j) {
       const std::int64_t h = h0 + j;
@@ -293,7 +306,7 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
       clock.lap(Stage::residuals);
       chunk_pack_v<Real, In>(p, seq, h, t0, n, l, b);
       clock.lap(Stage::pack_v);
-      chunk_kkt(n, l, b);
+      chunk_kkt(n, l, b, with_o);
       clock.lap(Stage::kkt);
       solve_tril(n, l, b);
       clock.lap(Stage::solve);

@@ -135,6 +135,19 @@ TEST_P(HalfActivations, ForwardMatchesReferenceAndFloat32Path) {
       if (algorithm == Algorithm::chunked) {
         EXPECT_TRUE(test::bit_identical(r.t_inv, w.t_inv, "t_inv vs float32 path, " + what));
       }
+
+      // Without o (a remat replay of 16-bit activations): the same states and residuals.
+      const bool chunked = algorithm == Algorithm::chunked;
+      Tensor ht(DType::f32, 4, r.final_state.sizes());
+      Tensor states(DType::f32, 4, r.chunk_states.sizes());
+      Tensor t_inv = chunked ? Tensor(DType::f32, 4, r.t_inv.sizes()) : Tensor();
+      chunk_gated_delta_rule_fwd(
+          p.half.inputs(), {{}, ht.mutable_view(), states.mutable_view(), t_inv.mutable_view()}, o);
+      EXPECT_TRUE(test::bit_identical(ht, r.final_state, "final_state without o, " + what));
+      EXPECT_TRUE(test::bit_identical(states, r.chunk_states, "chunk_states without o, " + what));
+      if (chunked) {
+        EXPECT_TRUE(test::bit_identical(t_inv, r.t_inv, "t_inv without o, " + what));
+      }
     }
   }
 }

@@ -177,37 +177,46 @@ def test_residual_names_appear_in_the_jaxpr_and_the_saved_set():
     assert "name=gdn_t_inv" in jaxpr and "name=gdn_chunk_states" not in jaxpr
 
 
-# Under jax.value_and_grad of a loss reading o linearly (<o, d_o>) or also squared (so that
-# the rest of the backward reads o), what the gdn_forward calls of the compiled program ask
-# for (o, S: chunk states, T: T^-1), per checkpoint policy. A result nobody reads is not
-# computed: when the backward needs only the residuals, its replay is the C++ forward
-# without o, i.e. the backward's own rebuild of them; o needed again is replayed alone.
+# Under jax.value_and_grad of a loss reading o linearly (<o, d_o>) or also through |o| (so
+# that the rest of the backward reads o; the cotangent sign(o) is exact, so no program's fusion
+# of the loss rounds the op's cotangent differently), and the final state or not, what the
+# gdn_forward calls of the compiled program ask for (o, F: final state, S: chunk states, T:
+# T^-1), per checkpoint policy. A result nobody reads is not computed: when the backward needs
+# only the residuals, its replay is the C++ forward without o, i.e. the backward's own rebuild
+# of them; o needed again is replayed alone; a replay never asks for the final state (the
+# backward reads its cotangent, not its value), nor does a forward whose final state is unused.
+FORWARD_RESULTS = {"o": "want_o", "F": "want_final_state", "S": "want_chunk_states",
+                   "T": "want_t_inv"}
 REMAT_CALLS = [
-    # policy id, saved names, o read by the backward, the calls
-    ("no_checkpoint", None, False, ["oST"]),
-    ("names_kept", "residuals", False, ["oST"]),
-    ("output_kept", "output", False, ["ST", "o"]),
-    ("names_dropped", ("some_other_name",), False, ["ST", "o"]),
-    ("full_remat", (), False, ["ST", "o"]),
-    ("no_checkpoint_o_read", None, True, ["oST"]),
-    ("names_kept_o_read", "residuals", True, ["o", "oST"]),
-    ("output_kept_o_read", "output", True, ["ST", "o"]),
-    ("all_kept_o_read", "all", True, ["oST"]),
-    ("full_remat_o_read", (), True, ["o", "oST"]),
+    # policy id, saved names, o read by the backward, final state read, the calls
+    ("no_checkpoint", None, False, True, ["oFST"]),
+    ("names_kept", "residuals", False, True, ["oFST"]),
+    ("output_kept", "output", False, True, ["ST", "oF"]),
+    ("names_dropped", ("some_other_name",), False, True, ["ST", "oF"]),
+    ("full_remat", (), False, True, ["ST", "oF"]),
+    ("no_checkpoint_o_read", None, True, True, ["oFST"]),
+    ("names_kept_o_read", "residuals", True, True, ["o", "oFST"]),
+    ("output_kept_o_read", "output", True, True, ["ST", "oF"]),
+    ("all_kept_o_read", "all", True, True, ["oFST"]),
+    ("full_remat_o_read", (), True, True, ["oF", "oST"]),
+    ("no_checkpoint_final_state_unused", None, False, False, ["oST"]),
+    ("full_remat_final_state_unused", (), False, False, ["ST", "o"]),
 ]
 
 
-@pytest.mark.parametrize("policy_id, saved, o_read, calls", REMAT_CALLS,
+@pytest.mark.parametrize("policy_id, saved, o_read, ht_read, calls", REMAT_CALLS,
                          ids=[c[0] for c in REMAT_CALLS])
 def test_remat_replays_only_what_the_backward_reads_with_identical_gradients(
-        policy_id, saved, o_read, calls):
+        policy_id, saved, o_read, ht_read, calls):
     p, kw, chunk = make(CASES[0])
     args = (*p.args(), jnp.asarray(p.h0))
 
     def loss(q, k, v, g, beta, h0):
         o, ht = gdn_fn(chunk)(q, k, v, g, beta, initial_state=h0, **kw)
-        value = jnp.sum(o * p.d_o) + jnp.sum(ht * p.d_ht)
-        return value + jnp.sum(o ** 2) if o_read else value
+        value = jnp.sum(o * p.d_o)
+        if ht_read:
+            value = value + jnp.sum(ht * p.d_ht)
+        return value + jnp.sum(jnp.abs(o)) if o_read else value
 
     names = {"residuals": gdn.jax.RESIDUAL_NAMES, "output": (gdn.jax.OUTPUT_NAME,),
              "all": (*gdn.jax.RESIDUAL_NAMES, gdn.jax.OUTPUT_NAME)}.get(saved, saved)
@@ -216,12 +225,46 @@ def test_remat_replays_only_what_the_backward_reads_with_identical_gradients(
     argnums = (0, 1, 2, 3, 4, 5)
     value_and_grad = jax.jit(jax.value_and_grad(f, argnums=argnums))
     text = value_and_grad.lower(*args).as_text()
-    assert results_asked(text, "gdn_forward",
-                         {"o": "want_o", "S": "want_chunk_states", "T": "want_t_inv"}) == calls
+    assert results_asked(text, "gdn_forward", FORWARD_RESULTS) == calls
     value, grads = value_and_grad(*args)
     want_value, want = jax.jit(jax.value_and_grad(loss, argnums=argnums))(*args)
     # The loss's own sums may be fused differently per program; the op's results may not.
     np.testing.assert_allclose(np.asarray(value), np.asarray(want_value), rtol=1e-6)
+    for name, x, y in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads, want):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
+
+
+@pytest.mark.parametrize("wrap", ["vmap", "scan", "shard_map"])
+def test_remat_rule_reaches_the_calls_inside_vmap_scan_and_shard_map(wrap):
+    p1, kw, chunk = make(CASES[0], seed=1)
+    p2, _, _ = make(CASES[0], seed=2)
+    d_o, d_ht = jnp.asarray(p1.d_o), jnp.asarray(p1.d_ht)
+
+    def one(q, k, v, g, beta, h0):
+        o, ht = gdn_fn(chunk)(q, k, v, g, beta, initial_state=h0, **kw)
+        return jnp.sum(o * d_o) + jnp.sum(ht * d_ht)
+
+    if wrap in ("vmap", "scan"):
+        args = tuple(jnp.stack([a, b]) for a, b in zip((*p1.args(), jnp.asarray(p1.h0)),
+                                                       (*p2.args(), jnp.asarray(p2.h0))))
+
+        def loss(*a):
+            if wrap == "vmap":
+                return jnp.sum(jax.vmap(one)(*a))
+            # As MaxText's scan_layers: one body, the layers' inputs stacked.
+            return jax.lax.scan(lambda acc, x: (acc + one(*x), None), 0.0, a)[0]
+    else:
+        args = (*p1.args(), jnp.asarray(p1.h0))
+        mesh = jax.make_mesh((1,), ("x",))
+        loss = jax.shard_map(one, mesh=mesh, in_specs=jax.P(), out_specs=jax.P(),
+                             check_vma=False)
+    argnums = (0, 1, 2, 3, 4, 5)
+    remat = jax.checkpoint(loss, policy=checkpoint_policies.save_only_these_names())
+    value_and_grad = jax.jit(jax.value_and_grad(remat, argnums=argnums))
+    text = value_and_grad.lower(*args).as_text()
+    assert results_asked(text, "gdn_forward", FORWARD_RESULTS) == ["ST", "oF"]
+    _, grads = value_and_grad(*args)
+    _, want = jax.jit(jax.value_and_grad(loss, argnums=argnums))(*args)
     for name, x, y in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads, want):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
 

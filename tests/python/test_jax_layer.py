@@ -123,30 +123,46 @@ def test_residual_policies_and_checkpoint_names_give_identical_gradients():
         assert f"name={name}" in jaxpr, name
 
 
-# What the gdn_layer_forward calls of jax.value_and_grad ask for (o: out, S: chunk states,
-# T: T^-1) per checkpoint policy: as the core op's (test_jax_core.py, REMAT_CALLS), a replay
-# computes only what the backward reads.
+# What the gdn_layer_forward calls of jax.value_and_grad ask for (o: out, C: conv state out,
+# R: recurrent state out, S: chunk states, T: T^-1) per checkpoint policy and per what the
+# loss reads ("all": <out, d_out> and both states; "o_read": also |out|, so that the backward
+# reads out, with an exact cotangent; "out_only": <out, d_out> alone): as the core op's
+# (test_jax_core.py, REMAT_CALLS), a call computes only what is read, and a replay never the
+# final states.
 LAYER_REMAT_CALLS = [
-    ("no_checkpoint", None, ["oST"]),
-    ("names_kept", (*gdn.jax.RESIDUAL_NAMES,), ["oST"]),
-    ("output_kept", (gdn.jax.OUTPUT_NAME,), ["ST", "o"]),
-    ("full_remat", (), ["ST", "o"]),
+    ("no_checkpoint", None, "all", ["oCRST"]),
+    ("names_kept", (*gdn.jax.RESIDUAL_NAMES,), "all", ["oCRST"]),
+    ("output_kept", (gdn.jax.OUTPUT_NAME,), "all", ["ST", "oCR"]),
+    ("full_remat", (), "all", ["ST", "oCR"]),
+    ("names_kept_o_read", (*gdn.jax.RESIDUAL_NAMES,), "o_read", ["o", "oCRST"]),
+    ("full_remat_o_read", (), "o_read", ["oCR", "oST"]),
+    ("full_remat_out_only", (), "out_only", ["ST", "o"]),
 ]
 
 
-@pytest.mark.parametrize("policy_id, saved, calls", LAYER_REMAT_CALLS,
+@pytest.mark.parametrize("policy_id, saved, reads, calls", LAYER_REMAT_CALLS,
                          ids=[c[0] for c in LAYER_REMAT_CALLS])
 def test_remat_replays_only_what_the_backward_reads_with_identical_gradients(
-        policy_id, saved, calls):
+        policy_id, saved, reads, calls):
     p = LayerProblem(CASES[0])
     argnums = p.argnums()
-    loss = p.loss(gdn_layer)
+
+    def loss(qkv, a, b, w, A_log, dt_bias, bias, conv_state, rec_state):
+        out, conv_out, rec_out = gdn_layer(qkv, a, b, w, A_log, dt_bias, conv_bias=bias,
+                                           conv_state=conv_state, recurrent_state=rec_state,
+                                           cu_seqlens=p.cu, **p.heads())
+        value = jnp.sum(out * p.d_out)
+        if reads != "out_only":
+            value = value + jnp.sum(conv_out * p.d_conv) + jnp.sum(rec_out * p.d_rec)
+        return value + jnp.sum(jnp.abs(out)) if reads == "o_read" else value
+
     f = loss if saved is None else jax.checkpoint(
         loss, policy=checkpoint_policies.save_only_these_names(*saved))
     value_and_grad = jax.jit(jax.value_and_grad(f, argnums=argnums))
     text = value_and_grad.lower(*p.diff_args()).as_text()
-    assert results_asked(text, "gdn_layer_forward",
-                         {"o": "want_out", "S": "want_chunk_states", "T": "want_t_inv"}) == calls
+    letters = {"o": "want_out", "C": "want_conv_state_out", "R": "want_recurrent_state_out",
+               "S": "want_chunk_states", "T": "want_t_inv"}
+    assert results_asked(text, "gdn_layer_forward", letters) == calls
     value, grads = value_and_grad(*p.diff_args())
     want_value, want = jax.jit(jax.value_and_grad(loss, argnums=argnums))(*p.diff_args())
     # The loss's own sums may be fused differently per program; the op's results may not.
