@@ -111,7 +111,6 @@ inline void store_matrix(const detail::MatrixTensor<std::byte*>& dst, std::int64
     scatter_row(base + r * dst.row, dst.col, s + r * ld, cols);
 }
 
-
 // The (index, head) matrix of `dst` = S[0..rows)[0..cols) like store_matrix, with
 // non-temporal stores (simd-inl.h: stream) where every row is whole aligned vectors: a row is
 // written start to end, so each cache line's write-combining buffer fills before the next.
@@ -173,8 +172,11 @@ inline void queue_tokens(const detail::TokenTensor<Pointer>& x, const detail::Se
   const std::int64_t end = min64(t + n, s.length);
   if (x.data == nullptr || t >= end) return;
   const auto size = static_cast<std::int64_t>(sizeof(T));
-  prefetch_queue().add(token_at<T>(x, s, t, h), x.token * size, end - t,
-                       (x.dim == 1 ? elements : 1) * size, write);
+  // One row: its stride is never stepped, and may be any value (a size-1 dimension's stride
+  // is free), so x.token * size could overflow. Over two rows or more, validation bounds it.
+  const std::int64_t stride = end - t > 1 ? x.token * size : 0;
+  prefetch_queue().add(token_at<T>(x, s, t, h), stride, end - t, (x.dim == 1 ? elements : 1) * size,
+                       write);
 }
 
 inline float sqrt_real(float x) { return __builtin_sqrtf(x); }

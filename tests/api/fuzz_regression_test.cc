@@ -64,6 +64,35 @@ TEST(FuzzRegression, StrideOfInt64MinIsRejected) {
   EXPECT_EQ(rejected_argument([&] { chunk_gated_delta_rule_fwd(e.in, e.out); }), "");
 }
 
+// A one-token o whose token stride was INT64_MAX / 2 (a size-1 dimension's stride is free,
+// so validation accepts it): the forward's prefetch queue multiplied it by the element size
+// (UBSan: signed overflow in queue_tokens, src/cpu/io-inl.h). Now a single row's stride is
+// not used, and the call writes what it writes with a plain o.
+TEST(FuzzRegression, OneTokenOutputWithHugeTokenStrideRuns) {
+  Tensor q(DType::f32, {1, 1, 2}), k(DType::f32, {1, 1, 2}), v(DType::f32, {1, 1, 2});
+  Tensor g(DType::f32, {1, 1}), beta(DType::f32, {1, 1});
+  for (Tensor* t : {&q, &k, &v}) t->data<float>()[0] = t->data<float>()[1] = 0.5f;
+  g.data<float>()[0] = -0.1f;
+  beta.data<float>()[0] = 0.5f;
+  const ForwardInputs in{q.view(), k.view(), v.view(), g.view(), beta.view(), {}, {}};
+  Tensor plain(DType::f32, {1, 1, 2}), strided(DType::f32, {1, 1, 2});
+  for (CpuIsa isa : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16}) {
+    if (!cpu_isa_available(isa)) continue;
+    ForwardOptions o;
+    o.isa = isa;
+    chunk_gated_delta_rule_fwd(in, {plain.mutable_view(), {}, {}, {}}, o);
+    MutableTensorView out = strided.mutable_view();
+    out.strides[0] = std::numeric_limits<std::int64_t>::max() / 2;
+    EXPECT_EQ(rejected_argument([&] {
+                chunk_gated_delta_rule_fwd(in, {out, {}, {}, {}}, o);
+              }),
+              "")
+        << cpu_isa_name(isa);
+    EXPECT_EQ(strided.data<float>()[0], plain.data<float>()[0]) << cpu_isa_name(isa);
+    EXPECT_EQ(strided.data<float>()[1], plain.data<float>()[1]) << cpu_isa_name(isa);
+  }
+}
+
 // A broadcast cu_seqlens (stride 0) of 2^40 zeros over T = 0 tokens described 2^40 - 1
 // sequences in 8 bytes, and validation reserved a record for each (out of memory). Now: at
 // most 2^20 sequences per call.

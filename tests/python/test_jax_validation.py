@@ -6,6 +6,9 @@ raise when the call is traced (run here under ``jax.eval_shape``: nothing execut
 values raise when the computation runs. The serving call's pools are bit-identical after every
 rejected call."""
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -462,3 +465,18 @@ NN_RULES = [
                                                    for r in NN_RULES])
 def test_gated_delta_net_rejects_when_traced(call, argument, words):
     raises(call, ValueError, argument, words, traced=True)
+
+
+def test_import_under_an_older_jax_names_the_version_it_needs():
+    code = "import jax; jax.__version__ = '0.10.1'; import gdn.jax"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "ImportError: gdn.jax needs jax >= 0.10.2" in r.stderr, r.stderr
+    assert "has jax 0.10.1" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("version, release", [("0.10.2", (0, 10, 2)), ("0.9.2", (0, 9, 2)),
+                                              ("0.11.0.dev20260101", (0, 11, 0)),
+                                              ("1.0rc1", (1, 0, 0))])
+def test_jax_release_is_read_off_the_version_string(version, release):
+    assert gdn.jax._release(version) == release

@@ -11,9 +11,30 @@
 docs/jax.md explains install, the ops, the residual names, the serving call and its pools.
 """
 
-from gdn.jax._core import chunk_gated_delta_rule
-from gdn.jax._layer import fused_gdn
-from gdn.jax._serving import fused_conv1d_gdn
+import re as _re
+
+import jax as _jax
+
+# The oldest JAX the tests pass on (docs/jax.md, "Install"). Tried and short of it: 0.10.0
+# copies the serving call's donated pools instead of updating them in place, and 0.8.2 also
+# fails the context parallelism's custom_vjp typing and lacks what the remat rule needs.
+MIN_JAX = (0, 10, 2)
+_MIN_TEXT = ".".join(map(str, MIN_JAX))
+
+
+def _release(version):
+    """(major, minor, micro) of a version string such as "0.10.2" or "0.11.0.dev20260101"."""
+    parts = [int(_re.match(r"\d*", part).group() or 0) for part in version.split(".")[:3]]
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+if _release(_jax.__version__) < MIN_JAX:
+    raise ImportError(f"gdn.jax needs jax >= {_MIN_TEXT} (the oldest its tests pass on); this "
+                      f"environment has jax {_jax.__version__}: pip install -U 'jax>={_MIN_TEXT}'")
+
+from gdn.jax._core import chunk_gated_delta_rule  # noqa: E402
+from gdn.jax._layer import fused_gdn  # noqa: E402
+from gdn.jax._serving import fused_conv1d_gdn  # noqa: E402
 
 RESIDUAL_NAMES = ("gdn_chunk_states", "gdn_t_inv")
 """The names ``jax.ad_checkpoint.checkpoint_name`` gives the residuals, for
