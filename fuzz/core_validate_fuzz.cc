@@ -54,13 +54,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // cu_seqlens: N sequences cut at fuzzed points.
   std::vector<std::int64_t> cu = {0};
   const int cuts = f.ConsumeIntegralInRange<int>(0, 3);
-  for (int i = 0; i < cuts; ++i) cu.push_back(std::max(cu.back(), f.ConsumeIntegralInRange<std::int64_t>(0, t)));
+  for (int i = 0; i < cuts; ++i)
+    cu.push_back(std::max(cu.back(), f.ConsumeIntegralInRange<std::int64_t>(0, t)));
   cu.push_back(t);
   const bool has_cu = batch == 0 && f.ConsumeBool();
-  const std::int64_t n = batch > 0 ? batch : (has_cu ? static_cast<std::int64_t>(cu.size()) - 1 : 1);
+  const std::int64_t n =
+      batch > 0 ? batch : (has_cu ? static_cast<std::int64_t>(cu.size()) - 1 : 1);
 
   auto tok = [&](std::int64_t h, std::int64_t d) {
-    return batch > 0 ? std::vector<std::int64_t>{batch, t, h, d} : std::vector<std::int64_t>{t, h, d};
+    return batch > 0 ? std::vector<std::int64_t>{batch, t, h, d}
+                     : std::vector<std::int64_t>{t, h, d};
   };
   auto gate = [&] {
     return batch > 0 ? std::vector<std::int64_t>{batch, t, hv} : std::vector<std::int64_t>{t, hv};
@@ -116,7 +119,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   const DType out_act = ref ? DType::f64 : act;
   const DType out_cmp = ref ? DType::f64 : cmp;
-  const std::vector<std::int64_t> residual = {chunks, hv, dk, dv}, t_inv = {chunks, hv, chunk, chunk};
+  const std::vector<std::int64_t> residual = {chunks, hv, dk, dv},
+                                  t_inv = {chunks, hv, chunk, chunk};
 
   if (op == 0 || op == 2) {
     gdn::ForwardOutputs out;
@@ -143,10 +147,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     } else {
       Case::check_validation([&] {
         gdn::detail::ValidatedForward v;
-        gdn::detail::validate_forward(in, out, options,
-                                      ref ? gdn::detail::OutputPrecision::float64
-                                          : gdn::detail::OutputPrecision::native,
-                                      &v);
+        gdn::detail::validate_forward(
+            in, out, options,
+            ref ? gdn::detail::OutputPrecision::float64 : gdn::detail::OutputPrecision::native, &v);
       });
     }
     return 0;
@@ -178,10 +181,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } else {
     Case::check_validation([&] {
       gdn::detail::ValidatedBackward v;
-      gdn::detail::validate_backward(bin, out, options,
-                                     ref ? gdn::detail::OutputPrecision::float64
-                                         : gdn::detail::OutputPrecision::native,
-                                     &v);
+      gdn::detail::validate_backward(
+          bin, out, options,
+          ref ? gdn::detail::OutputPrecision::float64 : gdn::detail::OutputPrecision::native, &v);
     });
   }
   return 0;

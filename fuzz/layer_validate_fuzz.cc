@@ -36,7 +36,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::int64_t hv = hk * f.ConsumeIntegralInRange<std::int64_t>(1, 2);
   const std::int64_t dk = f.ConsumeIntegralInRange<std::int64_t>(1, 4);
   const std::int64_t dv = f.ConsumeIntegralInRange<std::int64_t>(1, 4);
-  const std::int64_t d = conv ? f.ConsumeIntegralInRange<std::int64_t>(1, 24) : 2 * hk * dk + hv * dv;
+  const std::int64_t d =
+      conv ? f.ConsumeIntegralInRange<std::int64_t>(1, 24) : 2 * hk * dk + hv * dv;
   const std::int64_t taps = f.ConsumeIntegralInRange<std::int64_t>(1, 5);
   const bool weight3 = f.ConsumeBool();  // [D, 1, K] rather than [D, K]
   std::vector<std::int64_t> cu = {0};
@@ -46,8 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   cu.push_back(t);
   const bool has_cu = f.ConsumeBool();
   const std::int64_t n = has_cu ? static_cast<std::int64_t>(cu.size()) - 1 : 1;
-  const std::vector<std::int64_t> weight = weight3 ? std::vector<std::int64_t>{d, 1, taps}
-                                                   : std::vector<std::int64_t>{d, taps};
+  const std::vector<std::int64_t> weight =
+      weight3 ? std::vector<std::int64_t>{d, 1, taps} : std::vector<std::int64_t>{d, taps};
   const std::vector<std::int64_t> conv_state = {n, taps - 1, d}, state = {n, hv, dk, dv};
 
   if (conv) {
@@ -165,7 +166,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const gdn::InvalidArgument&) {
   } catch (const gdn::RuntimeError&) {
   }
-  const std::vector<std::int64_t> residual = {chunks, hv, dk, dv}, t_inv = {chunks, hv, chunk, chunk};
+  const std::vector<std::int64_t> residual = {chunks, hv, dk, dv},
+                                  t_inv = {chunks, hv, chunk, chunk};
 
   if (f.ConsumeBool()) {  // the allocating forward (tiny shapes: the arena holds the inputs)
     if (!c.safe() || !small) return 0;
@@ -188,7 +190,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (f.ConsumeBool()) out.conv_state_out = c.out(out_cmp, conv_state);
     const int final_mode = f.ConsumeIntegralInRange<int>(0, 2);
     if (final_mode == 0) out.recurrent_state_out = c.out(out_cmp, state);
-    if (final_mode == 2 && in.recurrent_state.present()) out.recurrent_state_out = same(in.recurrent_state);
+    if (final_mode == 2 && in.recurrent_state.present())
+      out.recurrent_state_out = same(in.recurrent_state);
     if (!ref && f.ConsumeBool()) out.chunk_states = c.out(out_cmp, residual);
     if (!ref && f.ConsumeBool()) out.t_inv = c.out(out_cmp, t_inv);
     // Last, so that earlier corpus inputs decode as before: out left out (a remat replay).

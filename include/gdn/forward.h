@@ -34,8 +34,8 @@ enum class Algorithm : std::uint8_t {
 //            the backward differentiates); not in the serving step (gdn/step.h). Speed: with
 //            the avx512_bf16 variant (CpuIsa::avx512_bf16, the automatic choice on an AMD CPU
 //            with AVX512_BF16) the products run on vdpbf16ps, 1.35x faster than compute for
-//            the forward at Qwen3-Next's shape on one Zen 4 thread (docs/perf_matmul.md); on an Intel
-//            Xeon without AMX vdpbf16ps issues at half the FMA rate, so the automatic choice
+//            the forward at Qwen3-Next's shape on one Zen 4 thread (docs/perf_matmul.md); on an
+//            Intel Xeon without AMX vdpbf16ps issues at half the FMA rate, so the automatic choice
 //            there is avx512's emulation (the forward 1.23x the time of compute); every other
 //            variant rounds on float32 registers and multiplies in float32, which gives the
 //            numerics of bf16 operands, not their speed (1.1-1.5x the time of compute).
