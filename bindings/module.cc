@@ -12,12 +12,17 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
+#include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <deque>
+#include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -212,6 +217,45 @@ Tensor filled(std::initializer_list<std::int64_t> shape, float lo, float hi, std
   return t;
 }
 
+// A copy of a tensor in 4 KiB pages (an anonymous mapping advised MADV_NOHUGEPAGE), as XLA's
+// input buffers are where transparent huge pages are `madvise`: the library's own Tensor gets
+// huge pages, so the two columns of bench/jax_bench.py --small-pages tell the page size's cost
+// from the custom call's (docs/perf_frameworks.md).
+class SmallPageCopy {
+ public:
+  explicit SmallPageCopy(const Tensor& t) : view_(t.view()), bytes_(t.bytes()) {
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("small_pages: mmap failed");
+    madvise(p, bytes_, MADV_NOHUGEPAGE);
+    std::memcpy(p, view_.data, bytes_);
+    view_.data = p;
+  }
+  SmallPageCopy(const SmallPageCopy&) = delete;
+  SmallPageCopy& operator=(const SmallPageCopy&) = delete;
+  ~SmallPageCopy() { munmap(const_cast<void*>(view_.data), bytes_); }
+  const TensorView& view() const { return view_; }
+
+ private:
+  TensorView view_;
+  std::size_t bytes_;
+};
+
+// The tensors' views: their own, or those of 4 KiB-page copies kept in `copies`.
+template <std::size_t N>
+std::array<TensorView, N> input_views(const std::array<const Tensor*, N>& tensors, bool small_pages,
+                                      std::vector<std::unique_ptr<SmallPageCopy>>& copies) {
+  std::array<TensorView, N> views;
+  for (std::size_t i = 0; i < N; ++i) {
+    if (small_pages) {
+      copies.push_back(std::make_unique<SmallPageCopy>(*tensors[i]));
+      views[i] = copies.back()->view();
+    } else {
+      views[i] = tensors[i]->view();
+    }
+  }
+  return views;
+}
+
 template <class Run>
 std::vector<double> timed(int repeats, bool warm_up, Run run) {
   if (warm_up) run();  // page faults, the plan, the caches
@@ -226,14 +270,17 @@ std::vector<double> timed(int repeats, bool warm_up, Run run) {
 }
 
 // Seconds per run of the core op on one sequence of T tokens, L2 norm on: the forward, or
-// the forward keeping every residual plus the backward from them (what jax.grad runs).
+// the forward keeping every residual plus the backward from them (what jax.grad runs). With
+// small_pages the inputs (not the outputs) are in 4 KiB pages.
 std::vector<double> time_core(std::int64_t t, std::int64_t hk, std::int64_t hv, std::int64_t dk,
                               std::int64_t dv, bool backward, int chunk_size, int threads,
-                              int repeats, bool warm_up) {
+                              int repeats, bool warm_up, bool small_pages) {
   const Tensor q = filled({t, hk, dk}, -1, 1, 1), k = filled({t, hk, dk}, -1, 1, 2),
                v = filled({t, hv, dv}, -1, 1, 3), g = filled({t, hv}, -1, -0.01f, 4),
                beta = filled({t, hv}, 0, 1, 5), d_o = filled({t, hv, dv}, -1, 1, 6);
-  const ForwardInputs in{q.view(), k.view(), v.view(), g.view(), beta.view(), {}, {}};
+  std::vector<std::unique_ptr<SmallPageCopy>> copies;
+  const auto x = input_views<6>({&q, &k, &v, &g, &beta, &d_o}, small_pages, copies);
+  const ForwardInputs in{x[0], x[1], x[2], x[3], x[4], {}, {}};
   ForwardOptions options;
   options.use_qk_l2norm = true;
   options.chunk_size = chunk_size;
@@ -243,7 +290,7 @@ std::vector<double> time_core(std::int64_t t, std::int64_t hk, std::int64_t hv, 
         chunk_gated_delta_rule_fwd(in, options, backward ? Residuals::all : Residuals::none);
     if (!backward) return;
     BackwardInputs b = BackwardInputs::from(in);
-    b.d_o = d_o.view();
+    b.d_o = x[5];
     b.chunk_states = r.chunk_states.view();
     b.t_inv = r.t_inv.view();
     chunk_gated_delta_rule_bwd(b, options);
@@ -253,19 +300,21 @@ std::vector<double> time_core(std::int64_t t, std::int64_t hk, std::int64_t hv, 
 // The same for the layer op (K = 4, no bias, no initial states).
 std::vector<double> time_layer(std::int64_t t, std::int64_t hk, std::int64_t hv, std::int64_t dk,
                                std::int64_t dv, bool backward, int chunk_size, int threads,
-                               int repeats, bool warm_up) {
+                               int repeats, bool warm_up, bool small_pages) {
   const std::int64_t d = 2 * hk * dk + hv * dv;
   const Tensor qkv = filled({t, d}, -1, 1, 1), a = filled({t, hv}, -1, 1, 2),
                b = filled({t, hv}, -1, 1, 3), w = filled({d, 4}, -0.5f, 0.5f, 4),
                A_log = filled({hv}, 0, 2.7f, 5), dt_bias = filled({hv}, -0.1f, 0.1f, 6),
                d_out = filled({t, hv * dv}, -1, 1, 7);
+  std::vector<std::unique_ptr<SmallPageCopy>> copies;
+  const auto x = input_views<7>({&qkv, &a, &b, &w, &A_log, &dt_bias, &d_out}, small_pages, copies);
   LayerInputs in;
-  in.qkv = qkv.view();
-  in.a = a.view();
-  in.b = b.view();
-  in.conv_weight = w.view();
-  in.A_log = A_log.view();
-  in.dt_bias = dt_bias.view();
+  in.qkv = x[0];
+  in.a = x[1];
+  in.b = x[2];
+  in.conv_weight = x[3];
+  in.A_log = x[4];
+  in.dt_bias = x[5];
   LayerOptions options;
   options.hk = hk;
   options.hv = hv;
@@ -278,7 +327,7 @@ std::vector<double> time_layer(std::int64_t t, std::int64_t hk, std::int64_t hv,
     if (!backward) return;
     LayerBackwardInputs bi;
     bi.forward = in;
-    bi.d_out = d_out.view();
+    bi.d_out = x[6];
     bi.chunk_states = r.chunk_states.view();
     bi.t_inv = r.t_inv.view();
     fused_gdn_bwd(bi, options);
@@ -319,7 +368,13 @@ NB_MODULE(_gdn, m) {
   m.def("core_shape", &core_shape);
   m.def("layer_shape", &layer_shape);
   m.def("check_step", &check_step);
-  m.def("time_core", &time_core, nb::call_guard<nb::gil_scoped_release>());
-  m.def("time_layer", &time_layer, nb::call_guard<nb::gil_scoped_release>());
+  m.def("time_core", &time_core, nb::arg("t"), nb::arg("hk"), nb::arg("hv"), nb::arg("dk"),
+        nb::arg("dv"), nb::arg("backward"), nb::arg("chunk_size"), nb::arg("threads"),
+        nb::arg("repeats"), nb::arg("warm_up"), nb::arg("small_pages") = false,
+        nb::call_guard<nb::gil_scoped_release>());
+  m.def("time_layer", &time_layer, nb::arg("t"), nb::arg("hk"), nb::arg("hv"), nb::arg("dk"),
+        nb::arg("dv"), nb::arg("backward"), nb::arg("chunk_size"), nb::arg("threads"),
+        nb::arg("repeats"), nb::arg("warm_up"), nb::arg("small_pages") = false,
+        nb::call_guard<nb::gil_scoped_release>());
   define_direct_calls(m);
 }

@@ -11,8 +11,13 @@
 // --bf16: the operands are bf16 values (float32 buffers holding bf16-rounded numbers, so the
 // float64 reference is that of the bf16 operands), and beside the float32 rows it times our
 // bf16-operand product (the avx512_bf16 variant's vdpbf16ps kernel, packing from the float32
-// buffers included) and oneDNN's bf16 matmul (bf16 copies made outside the timed call,
-// float32 output). The % peak of a bf16 row is of the vdpbf16ps peak measured in the run.
+// buffers included) and the libraries' bf16 products: oneDNN's matmul and BRGeMM ukernel,
+// oneMKL's cblas_gemm_bf16bf16f32 (bf16 copies made outside the timed call, float32 output).
+// The % peak of a bf16 row is of the vdpbf16ps peak measured in the run.
+//
+// The libraries: OpenBLAS, libxsmm, oneDNN (2.x or 3.x; its ukernel rows when it was built
+// with ONEDNN_EXPERIMENTAL_UKERNEL=ON), Highway, and oneMKL from a prefix given as
+// -DGDN_DEV_MKL_ROOT (docs/perf_matmul.md says how each was installed).
 //
 // The figures it prints are the comparison quoted in docs/perf_matmul.md.
 #include <algorithm>
@@ -25,8 +30,10 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cpu/kernels.h"
@@ -45,6 +52,9 @@
 #endif
 #ifdef GDN_DEV_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.hpp>
+#ifdef DNNL_EXPERIMENTAL_UKERNEL  // a oneDNN 3.x built with ONEDNN_EXPERIMENTAL_UKERNEL=ON
+#include <oneapi/dnnl/dnnl_ukernel.hpp>
+#endif
 #endif
 
 namespace gdn::dev {
@@ -69,6 +79,21 @@ void hwy_gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, st
               std::int64_t a_col, const float* b, std::int64_t ldb, float* c, std::int64_t ldc);
 const char* hwy_target();
 int hwy_tile_rows();
+#endif
+#ifdef GDN_DEV_HAVE_MKL
+// dev/gemm_compare_mkl.cc.
+std::string mkl_init_sequential();
+void mkl_sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+               const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+               std::int64_t ldc);
+void mkl_gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b,
+                   std::int64_t ldb, float* c, std::int64_t ldc);
+void* mkl_jit_sgemm_create(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                           std::int64_t k, std::int64_t lda, std::int64_t ldb, std::int64_t ldc,
+                           const char** kind);
+void mkl_jit_sgemm_run(void* jitter, const float* a, const float* b, float* c);
+void mkl_jit_destroy_kernel(void* jitter);
 #endif
 }  // namespace gdn::dev
 
@@ -285,6 +310,108 @@ void skip(std::vector<Row>& rows, const Shape& s, std::string library, std::stri
   rows.push_back(std::move(row));
 }
 
+#ifdef GDN_DEV_HAVE_DNNL
+#ifdef DNNL_EXPERIMENTAL_UKERNEL
+constexpr bool kDnnlUkernel = true;
+#else
+constexpr bool kDnnlUkernel = false;
+#endif
+
+dnnl::matmul::primitive_desc matmul_pd(const dnnl::engine& engine, const dnnl::memory::desc& a,
+                                       const dnnl::memory::desc& b, const dnnl::memory::desc& c) {
+#if DNNL_VERSION_MAJOR >= 3
+  return dnnl::matmul::primitive_desc(engine, a, b, c);
+#else
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), engine);
+#endif
+}
+#endif
+
+#if defined(GDN_DEV_HAVE_DNNL) && defined(DNNL_EXPERIMENTAL_UKERNEL)
+// oneDNN's BRGeMM ukernel (its experimental API over the kernels its own matmul runs on x64).
+// It reads A by rows only, and B either as is or as its transform ukernel packs it (bf16: in
+// pairs along K), in blocks of at most 64 columns (the transform's widest; one kernel call per
+// block). Where B needs the transform there are two rows: with the transform timed (in the
+// forward B is new every chunk: the state, K^T or V) and with B packed once, untimed.
+void add_ukernel_rows(std::vector<Row>& rows, const Shape& s, Operands& o, bool use_bf16,
+                      const std::uint16_t* a16 = nullptr, const std::uint16_t* b16 = nullptr) {
+  namespace uk = dnnl::ukernel;
+  using dt = dnnl::memory::data_type;
+  const std::string library = use_bf16 ? "oneDNN uk bf16" : "oneDNN uk";
+  const dt type = use_bf16 ? dt::bf16 : dt::f32;
+  const std::size_t first = rows.size();
+  if (s.trans_a) {
+    skip(rows, s, library, "n/a: the ukernel reads A by rows");
+    return;
+  }
+  const uk::pack_type pack = uk::brgemm::get_B_pack_type(type, type);
+  if (pack == uk::pack_type::undef) {
+    skip(rows, s, library, "n/a: no ukernel for this data type on this CPU");
+    return;
+  }
+  const bool transform = pack != uk::pack_type::no_trans || s.trans_b;
+  const std::int64_t nb = transform ? std::min<std::int64_t>(s.n, 64) : s.n;  // block columns
+  if (s.n % nb != 0) {
+    skip(rows, s, library, "n/a: n is not a multiple of the 64-column block");
+    return;
+  }
+  const std::int64_t ldb = transform ? nb : o.ldb;
+  try {
+    uk::brgemm brg(s.m, nb, s.k, 1, o.lda, ldb, o.ldc, type, type, dt::f32);
+    brg.set_add_C(false);
+    if (!brg.finalize()) {
+      skip(rows, s, library, "n/a: the ukernel refused the shape");
+      return;
+    }
+    brg.generate();
+    brg.set_hw_context();  // AMX's tile configuration; nothing elsewhere
+    auto scratch = std::make_shared<std::vector<unsigned char>>(brg.get_scratchpad_size() + 64);
+    const void* a = use_bf16 ? static_cast<const void*>(a16) : o.a;
+    const void* b = use_bf16 ? static_cast<const void*>(b16) : o.b;
+    const std::vector<std::pair<dnnl::memory::dim, dnnl::memory::dim>> offsets = {{0, 0}};
+    if (!transform) {
+      add(rows, s, o, library, "brgemm ukernel, B as is",
+          [brg, a, b, offsets, scratch, &o] { brg.execute(a, b, offsets, o.c, scratch->data()); });
+    } else {
+      // One transform per block of nb columns (the layout of a wider one is its own).
+      uk::transform tf(s.k, nb, s.trans_b ? uk::pack_type::trans : uk::pack_type::no_trans, o.ldb,
+                       ldb, type, type);
+      tf.generate();
+      // Block j of nb columns at j * block bytes; K rounded up to a pair for the bf16 layout.
+      const std::size_t block =
+          static_cast<std::size_t>((s.k + 1) / 2 * 2 * nb) * (use_bf16 ? 2 : 4);
+      const std::int64_t blocks = s.n / nb;
+      auto packed = std::make_shared<std::vector<unsigned char>>(block * blocks + 64);
+      const std::string how =
+          std::string(pack == uk::pack_type::pack32 ? "B packed in K pairs" : "B as rows") +
+          (blocks > 1 ? ", one call per 64 columns" : "");
+      auto run = [brg, a, offsets, scratch, packed, block, blocks, nb, &o] {
+        for (std::int64_t j = 0; j < blocks; ++j) {
+          brg.execute(a, packed->data() + j * block, offsets, o.c + j * nb, scratch->data());
+        }
+      };
+      // Block j's columns start at column j nb of B: a row offset when B is stored transposed.
+      const std::size_t b_step =
+          static_cast<std::size_t>(s.trans_b ? nb * o.ldb : nb) * (use_bf16 ? 2 : 4);
+      auto pack_b = [tf, b, packed, block, blocks, b_step] {
+        for (std::int64_t j = 0; j < blocks; ++j) {
+          tf.execute(static_cast<const unsigned char*>(b) + j * b_step, packed->data() + j * block);
+        }
+      };
+      add(rows, s, o, library, "transform (timed) + brgemm ukernel, " + how, [pack_b, run] {
+        pack_b();
+        run();
+      });
+      pack_b();
+      add(rows, s, o, library + " pre", "brgemm ukernel, " + how + ", packed once (untimed)", run);
+    }
+  } catch (const dnnl::error& e) {
+    skip(rows, s, library, std::string("n/a: ") + e.what());
+  }
+  for (std::size_t i = first; i < rows.size(); ++i) rows[i].bf16 = use_bf16;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -350,6 +477,9 @@ int main(int argc, char** argv) {
 #ifdef GDN_DEV_HAVE_LIBXSMM
   libxsmm_init();
 #endif
+#ifdef GDN_DEV_HAVE_MKL
+  const std::string mkl_version = gdn::dev::mkl_init_sequential();
+#endif
 #ifdef GDN_DEV_HAVE_DNNL
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(engine);
@@ -375,9 +505,16 @@ int main(int argc, char** argv) {
   for (const Shape& s : kShapes) {
     Operands o = make_operands(s, bf16);
     const std::size_t first = rows.size();
-    // bf16 rows: our scratch, oneDNN's bf16 copies (alive until the shape's rows are timed).
+    // bf16 rows: our scratch; the libraries' bf16 copies of the operands, made here, not
+    // timed (alive until the shape's rows are timed).
     std::vector<float> bf16_scratch;
     std::vector<std::uint16_t> a16, b16;
+    if (bf16) {
+      a16.resize(static_cast<std::size_t>(s.m * s.k));
+      b16.resize(static_cast<std::size_t>(s.k * s.n));
+      for (std::size_t i = 0; i < a16.size(); ++i) a16[i] = gdn::bf16_bits(o.a[i]);
+      for (std::size_t i = 0; i < b16.size(); ++i) b16[i] = gdn::bf16_bits(o.b[i]);
+    }
     // Ours: A may be read transposed (a_row, a_col); B's rows must be contiguous along n.
     if (s.trans_b) {
       skip(rows, s, "ours", "n/a: B is read by rows (the forward packs K^T, chunk_pack_qk)");
@@ -434,6 +571,28 @@ int main(int argc, char** argv) {
                       static_cast<int>(o.ldc));
         });
 #endif
+#ifdef GDN_DEV_HAVE_MKL
+    add(rows, s, o, "MKL", "cblas_sgemm, sequential", [&s, &o] {
+      gdn::dev::mkl_sgemm(s.trans_a, s.trans_b, s.m, s.n, s.k, o.a, o.lda, o.b, o.ldb, o.c, o.ldc);
+    });
+    const char* jit_kind = nullptr;
+    void* jitter = gdn::dev::mkl_jit_sgemm_create(s.trans_a, s.trans_b, s.m, s.n, s.k, o.lda, o.ldb,
+                                                  o.ldc, &jit_kind);
+    if (jitter != nullptr) {
+      add(rows, s, o, "MKL JIT", std::string("mkl_jit_create_sgemm: ") + jit_kind,
+          [jitter, &o] { gdn::dev::mkl_jit_sgemm_run(jitter, o.a, o.b, o.c); });
+    } else {
+      skip(rows, s, "MKL JIT", "n/a: mkl_jit_create_sgemm failed");
+    }
+    if (bf16) {
+      add(rows, s, o, "MKL bf16", "cblas_gemm_bf16bf16f32, bf16 in (converted untimed), f32 out",
+          [&s, &o, &a16, &b16] {
+            gdn::dev::mkl_gemm_bf16(s.trans_a, s.trans_b, s.m, s.n, s.k, a16.data(), o.lda,
+                                    b16.data(), o.ldb, o.c, o.ldc);
+          });
+      rows.back().bf16 = true;
+    }
+#endif
 #ifdef GDN_DEV_HAVE_LIBXSMM
     std::vector<float> xsmm_scratch(static_cast<std::size_t>(s.k * std::max(s.m, s.n)));
     {
@@ -486,7 +645,7 @@ int main(int argc, char** argv) {
                               s.trans_b ? memory::dims{1, o.ldb} : memory::dims{o.ldb, 1});
       const memory::desc c_md({s.m, s.n}, memory::data_type::f32, memory::dims{o.ldc, 1});
       // Created once per shape; the timed call is execute() alone (and the stream's wait).
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
+      const dnnl::matmul::primitive_desc pd = matmul_pd(engine, a_md, b_md, c_md);
       const dnnl::matmul prim(pd);
       const std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, memory(a_md, engine, o.a)},
                                                     {DNNL_ARG_WEIGHTS, memory(b_md, engine, o.b)},
@@ -499,16 +658,12 @@ int main(int argc, char** argv) {
     }
     if (bf16) {
       using dnnl::memory;
-      a16.resize(static_cast<std::size_t>(s.m * s.k));
-      b16.resize(static_cast<std::size_t>(s.k * s.n));
-      for (std::size_t i = 0; i < a16.size(); ++i) a16[i] = gdn::bf16_bits(o.a[i]);
-      for (std::size_t i = 0; i < b16.size(); ++i) b16[i] = gdn::bf16_bits(o.b[i]);
       const memory::desc a_md({s.m, s.k}, memory::data_type::bf16,
                               s.trans_a ? memory::dims{1, o.lda} : memory::dims{o.lda, 1});
       const memory::desc b_md({s.k, s.n}, memory::data_type::bf16,
                               s.trans_b ? memory::dims{1, o.ldb} : memory::dims{o.ldb, 1});
       const memory::desc c_md({s.m, s.n}, memory::data_type::f32, memory::dims{o.ldc, 1});
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
+      const dnnl::matmul::primitive_desc pd = matmul_pd(engine, a_md, b_md, c_md);
       const dnnl::matmul prim(pd);
       const std::unordered_map<int, memory> args = {
           {DNNL_ARG_SRC, memory(a_md, engine, a16.data())},
@@ -523,7 +678,14 @@ int main(int argc, char** argv) {
       rows.back().bf16 = true;
     }
 #endif
+#if defined(GDN_DEV_HAVE_DNNL) && defined(DNNL_EXPERIMENTAL_UKERNEL)
+    add_ukernel_rows(rows, s, o, false);
+    if (bf16) add_ukernel_rows(rows, s, o, true, a16.data(), b16.data());
+#endif
     time_rows(rows, first, trials);
+#ifdef GDN_DEV_HAVE_MKL
+    if (jitter != nullptr) gdn::dev::mkl_jit_destroy_kernel(jitter);
+#endif
     free_operands(o);
   }
   peak = std::max(peak, gdn::cpu::measure_fma_peak_gflops(peak_isa, 1));
@@ -581,21 +743,24 @@ int main(int argc, char** argv) {
   std::printf("libxsmm: %s (API v1), JIT target %s\n", LIBXSMM_CONFIG_VERSION,
               libxsmm_get_target_arch());
 #endif
+#ifdef GDN_DEV_HAVE_MKL
+  std::printf("oneMKL: %s; sequential\n", mkl_version.c_str());
+#endif
 #ifdef GDN_DEV_HAVE_DNNL
-  std::printf("oneDNN: %d.%d.%d, CPU runtime %s\n", dv->major, dv->minor, dv->patch,
-              dnnl_runtime.c_str());
+  std::printf("oneDNN: %d.%d.%d, CPU runtime %s%s\n", dv->major, dv->minor, dv->patch,
+              dnnl_runtime.c_str(), kDnnlUkernel ? "; BRGeMM ukernel API built in" : "");
 #endif
   std::printf(
       "error = max|c - ref| / rms(ref) against a float64 product (1e-4 or the call is not"
       " timed)\n\n");
-  std::printf("%-34s %-2s %4s %4s %4s  %-11s %9s %21s %8s %7s %9s  %s\n", "shape", "op", "M", "N",
+  std::printf("%-34s %-2s %4s %4s %4s  %-18s %9s %21s %8s %7s %9s  %s\n", "shape", "op", "M", "N",
               "K", "library", "median us", "(min - max)", "GFLOP/s", "% peak", "error", "kernel");
   const Shape* last = nullptr;
   for (const Row& r : rows) {
     const Shape& s = *r.shape;
     if (last != nullptr && last != &s) std::printf("\n");
     last = &s;
-    std::printf("%-34s %-2s %4lld %4lld %4lld  %-11s ", s.name, op_name(s),
+    std::printf("%-34s %-2s %4lld %4lld %4lld  %-18s ", s.name, op_name(s),
                 static_cast<long long>(s.m), static_cast<long long>(s.n),
                 static_cast<long long>(s.k), r.library.c_str());
     if (!r.ran) {
