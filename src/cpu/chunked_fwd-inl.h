@@ -1,5 +1,6 @@
-// chunked_fwd-inl.h: the chunked (WY) forward of one sequence for a group of value heads that
-// share a key head, float32 or float64, for one ISA variant. Must match gdn::ref::chunked_fwd
+// chunked_fwd-inl.h: the chunked (WY) forward of one sequence for a group of value heads (some
+// or all of a key head's, or those of several key heads), float32 or float64, for one ISA
+// variant. Must match gdn::ref::chunked_fwd
 // and gdn::ref::recurrent_fwd (tests/cpu/forward_test.cc); benchmark: `gdn bench`.
 //
 // Per chunk of n <= C tokens, S = state entering the chunk (docs/math.md, section 3):
@@ -248,8 +249,13 @@ void chunk_state(std::int64_t n, std::int64_t dk, Real* state, const ChunkedLayo
                    b.bf16);
 }
 
-// Value heads [h0, h0 + heads) of sequence s, all reading key head h0 / group. q, k, v and o
-// are In (the activation type); g, beta, the states and the residuals are Real.
+// Value heads [h0, h0 + heads) of sequence s: within one key head's group, or the whole groups
+// of consecutive key heads. Each chunk runs its key heads in turn, each once for all its value
+// heads of the item; a head's arithmetic is the same whatever the grouping. An item of several
+// key heads reads every token row's page once for all of them (the rows of one token are
+// adjacent in q, k, v and o), where one item per key head walks each page again: with inputs
+// in 4 KiB pages that is a TLB miss per token row (docs/perf_frameworks.md). q, k, v and o are
+// In (the activation type); g, beta, the states and the residuals are Real.
 template <class Real, class In>
 void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t h0,
                   std::int64_t heads, std::byte* workspace) {
@@ -279,51 +285,58 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
   clock.lap(Stage::states);
   for (std::int64_t t0 = 0, chunk = seq.first_chunk; t0 < seq.length; t0 += c, ++chunk) {
     const std::int64_t n = min64(c, seq.length - t0);
-    chunk_pack_qk<Real, In>(p, seq, h0 / p.group, t0, n, l, b, with_o);
-    // What this chunk writes, then what the next one reads, in the order they are needed.
-    prefetch_queue().clear();
-    if (!stream_o) {
-      for (std::int64_t j = 0; j < heads; ++j) queue_tokens<In>(p.o, seq, t0, n, h0 + j, dv, true);
-    }
-    if (with_o) queue_tokens<In>(p.q, seq, t0 + c, c, h0 / p.group, dk, false);
-    queue_tokens<In>(p.k, seq, t0 + c, c, h0 / p.group, dk, false);
-    for (std::int64_t j = 0; j < heads; ++j) {
-      queue_tokens<In>(p.v, seq, t0 + c, c, h0 + j, dv, false);
-      queue_tokens<Real>(p.g, seq, t0 + c, c, h0 + j, 1, false);
-      queue_tokens<Real>(p.beta, seq, t0 + c, c, h0 + j, 1, false);
-    }
-    clock.lap(Stage::pack_qk);
-    chunk_gram(n, dk, l, b, with_o);
-    clock.lap(Stage::gram);
-    for (std::int64_t j = 0; j < heads; ++j) {
-      const std::int64_t h = h0 + j;
-      Real* state = b.states + j * state_size;
-      if (streamed) {
-        stream_matrix<Real>(p.chunk_states, chunk, h, state, dk, dv, l.dvp);
-      } else {
-        store_matrix<Real>(p.chunk_states, chunk, h, state, dk, dv, l.dvp);
-      }
-      clock.lap(Stage::residuals);
-      chunk_pack_v<Real, In>(p, seq, h, t0, n, l, b);
-      clock.lap(Stage::pack_v);
-      chunk_kkt(n, l, b, with_o);
-      clock.lap(Stage::kkt);
-      solve_tril(n, l, b);
-      clock.lap(Stage::solve);
-      store_t_inv<Real>(p.t_inv, chunk, h, b.a, n, c, l.cp, streamed);
-      clock.lap(Stage::residuals);
-      chunk_wy(n, dk, state, l, b, with_o);
-      clock.lap(Stage::wy);
-      if (with_o) {
-        chunk_output(n, l, b);
-        clock.lap(Stage::output);
-        for (std::int64_t i = 0; i < n; ++i) {
-          write_row(token_at<In>(p.o, seq, t0 + i, h), p.o.dim, b.x + i * l.dvp, dv, stream_o);
+    for (std::int64_t kh = h0 / p.group; kh * p.group < h0 + heads; ++kh) {
+      // This key head's value heads in the item: [h_begin, h_end).
+      const std::int64_t h_begin = h0 > kh * p.group ? h0 : kh * p.group;
+      const std::int64_t h_end = min64(h0 + heads, (kh + 1) * p.group);
+      chunk_pack_qk<Real, In>(p, seq, kh, t0, n, l, b, with_o);
+      // What this key head's part of the chunk writes, then what its part of the next one
+      // reads, in the order they are needed.
+      prefetch_queue().clear();
+      if (!stream_o) {
+        for (std::int64_t h = h_begin; h < h_end; ++h) {
+          queue_tokens<In>(p.o, seq, t0, n, h, dv, true);
         }
-        clock.lap(Stage::write_o);
       }
-      chunk_state(n, dk, state, l, b);
-      clock.lap(Stage::state);
+      if (with_o) queue_tokens<In>(p.q, seq, t0 + c, c, kh, dk, false);
+      queue_tokens<In>(p.k, seq, t0 + c, c, kh, dk, false);
+      for (std::int64_t h = h_begin; h < h_end; ++h) {
+        queue_tokens<In>(p.v, seq, t0 + c, c, h, dv, false);
+        queue_tokens<Real>(p.g, seq, t0 + c, c, h, 1, false);
+        queue_tokens<Real>(p.beta, seq, t0 + c, c, h, 1, false);
+      }
+      clock.lap(Stage::pack_qk);
+      chunk_gram(n, dk, l, b, with_o);
+      clock.lap(Stage::gram);
+      for (std::int64_t h = h_begin; h < h_end; ++h) {
+        Real* state = b.states + (h - h0) * state_size;
+        if (streamed) {
+          stream_matrix<Real>(p.chunk_states, chunk, h, state, dk, dv, l.dvp);
+        } else {
+          store_matrix<Real>(p.chunk_states, chunk, h, state, dk, dv, l.dvp);
+        }
+        clock.lap(Stage::residuals);
+        chunk_pack_v<Real, In>(p, seq, h, t0, n, l, b);
+        clock.lap(Stage::pack_v);
+        chunk_kkt(n, l, b, with_o);
+        clock.lap(Stage::kkt);
+        solve_tril(n, l, b);
+        clock.lap(Stage::solve);
+        store_t_inv<Real>(p.t_inv, chunk, h, b.a, n, c, l.cp, streamed);
+        clock.lap(Stage::residuals);
+        chunk_wy(n, dk, state, l, b, with_o);
+        clock.lap(Stage::wy);
+        if (with_o) {
+          chunk_output(n, l, b);
+          clock.lap(Stage::output);
+          for (std::int64_t i = 0; i < n; ++i) {
+            write_row(token_at<In>(p.o, seq, t0 + i, h), p.o.dim, b.x + i * l.dvp, dv, stream_o);
+          }
+          clock.lap(Stage::write_o);
+        }
+        chunk_state(n, dk, state, l, b);
+        clock.lap(Stage::state);
+      }
     }
   }
   for (std::int64_t j = 0; j < heads; ++j) {

@@ -1,6 +1,7 @@
 // forward.cc: the CPU forward driver. Splits a validated problem into work items, each one
-// sequence and a group of the value heads that share a key head (as many as the tiling plan
-// says, src/cpu/plan.cc), and runs them on OpenMP threads with one workspace per thread.
+// sequence and a group of value heads (some of a key head's, or all of several key heads', as
+// the tiling plan says, src/cpu/plan.cc), and runs them on OpenMP threads with one workspace
+// per thread.
 //
 // Every value head is computed start to finish by one thread with the same code whatever its
 // group, and items share no output, so the result is bit-identical for any thread count, any
@@ -26,8 +27,9 @@ void forward(const detail::ForwardProblem& p, CpuIsa isa) {
 
 void forward(const detail::ForwardProblem& p, const Plan& plan) {
   const std::int64_t heads = plan.heads_per_item;
+  const bool whole_groups = heads % p.group == 0 && p.shape.hv % heads == 0;
   if (plan.op != PlanOp::forward || plan.chunk_size != p.chunk_size || heads < 1 ||
-      p.group % heads != 0) {
+      (p.group % heads != 0 && !whole_groups)) {
     throw RuntimeError("forward: a plan for " + std::string(plan_op_name(plan.op)) + ", chunk " +
                        std::to_string(plan.chunk_size) + ", " + std::to_string(heads) +
                        " heads per item does not fit a forward problem of chunk " +

@@ -17,7 +17,7 @@ void forward(const detail::ForwardProblem& problem, CpuIsa isa);
 
 // Runs the forward as `plan` says (`gdn plan --time` and the tests run every alternative).
 // The plan must be a forward plan of the problem's chunk size with heads_per_item dividing
-// Hv / Hk, else gdn::RuntimeError.
+// Hv / Hk or a multiple of it dividing Hv, else gdn::RuntimeError.
 void forward(const detail::ForwardProblem& problem, const Plan& plan);
 
 }  // namespace gdn::cpu

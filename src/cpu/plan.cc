@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -210,45 +211,76 @@ void plan_forward(const PlanProblem& p, int threads, const PlanForce& force, Pla
   const std::int64_t group = p.hv / p.hk, c = plan->chunk_size;
   std::int64_t heads = 1;
   if (force.heads_per_item > 0) {
-    if (group % force.heads_per_item != 0) {
-      throw InvalidArgument("heads_per_item", "a divisor of Hv / Hk = " + str(group),
+    const std::vector<std::int64_t> allowed = heads_candidates(p.hk, p.hv);
+    if (std::find(allowed.begin(), allowed.end(), force.heads_per_item) == allowed.end()) {
+      throw InvalidArgument("heads_per_item",
+                            "a divisor of Hv / Hk = " + str(group) +
+                                " or a multiple of it that divides Hv = " + str(p.hv) +
+                                ", at most " + str(kMaxGroup),
                             str(force.heads_per_item));
     }
     heads = force.heads_per_item;
     plan->items_reason = plural(heads, "value head", "value heads") + " per item: forced";
-  } else if (group == 1) {
-    plan->items_reason = "1 value head per item: Hv = Hk, no value heads share a key head";
   } else {
-    // Value heads per item: the largest divisor of Hv / Hk (at most kMaxGroup) that still
-    // gives every thread an item and makes no item longer than a thread's share of the work
-    // (the longest sequence times the group, against all tokens times Hv over the threads). A
-    // group shares the packing of q and k, their L2 norm and [Q;K] K^T, and reads the q and k
-    // rows once instead of once per value head: at 8k tokens, Qwen3-Next shape, one thread,
-    // 238-261 ms grouped against 308-332 ms (Zen 5); on Zen 3 each doubling of the group up
-    // to 8 was 9-19 % faster, even with a workspace past the L2 (4 heads at C = 64: 562 KiB
-    // of 512 KiB). A threshold of two items per thread instead of one measured 11-14 % slower
-    // (Hk = 1 or 2, Hv = 8, 2 threads: 4 items of 2 heads against 2 of 4).
+    // Value heads per item: the largest candidate (heads_candidates: a divisor of Hv / Hk, or
+    // whole groups of consecutive key heads; at most kMaxGroup) that still gives every thread
+    // an item and makes no item longer than a thread's share of the work (the longest
+    // sequence times the heads, against all tokens times Hv over the threads).
+    //
+    // A group of one key head shares the packing of q and k, their L2 norm and [Q;K] K^T, and
+    // reads the q and k rows once instead of once per value head: at 8k tokens, Qwen3-Next
+    // shape, one thread, 238-261 ms grouped against 308-332 ms (Zen 5); on Zen 3 each doubling
+    // of the group up to 8 was 9-19 % faster, even with a workspace past the L2 (4 heads at
+    // C = 64: 562 KiB of 512 KiB). A threshold of two items per thread instead of one measured
+    // 11-14 % slower (Hk = 1 or 2, Hv = 8, 2 threads: 4 items of 2 heads against 2 of 4).
+    //
+    // Several key heads share no arithmetic, but their token rows lie in the same memory
+    // pages, which an item walks once for all its heads. With inputs in 4 KiB pages (what
+    // XLA and torch allocate where transparent huge pages are `madvise`) that is most of what
+    // a page costs: Qwen3-Next at 8k tokens, Intel Xeon (2 MiB L2), the forward on 4 KiB-page
+    // inputs against the same inputs in huge pages took 302 ms against 275 with 2 heads per
+    // item, 291 with 4 and 286 with 8 (one thread, minima of 9 alternating rounds; two
+    // threads: 149, 143, 142 against 138), while on huge pages 4 and 8 heads were level with 2.
+    // They hold a state each, so they are taken only while the workspace fits the L2.
     const std::int64_t total = p.total_tokens > 0 ? p.total_tokens : p.tokens * p.num_seqs;
-    for (std::int64_t g = group < kMaxGroup ? group : kMaxGroup; g > 1; --g) {
-      if (group % g == 0 && p.num_seqs * p.hk * (group / g) >= threads &&
-          p.tokens * g * threads <= total * p.hv) {
-        heads = g;
+    const std::int64_t l2 = machine_info().l2_bytes;
+    const std::vector<std::int64_t> candidates = heads_candidates(p.hk, p.hv);
+    for (auto g = candidates.rbegin(); g != candidates.rend() && *g > 1; ++g) {
+      const bool fits = *g <= group || static_cast<std::int64_t>(forward_workspace_bytes(
+                                           sizing_problem(p, static_cast<int>(c)), *g)) <= l2;
+      if (fits && p.num_seqs * p.hv / *g >= threads && p.tokens * *g * threads <= total * p.hv) {
+        heads = *g;
         break;
       }
     }
     const std::int64_t items = p.num_seqs * p.hv / heads;
-    if (heads > 1) {
+    const std::string share = plural(items, "item", "items") + " for " +
+                              plural(threads, "thread", "threads") +
+                              ", none longer than a thread's share";
+    if (heads > group) {
+      plan->items_reason =
+          plural(heads, "value head", "value heads") +
+          " per item: " + plural(heads / group, "key head", "key heads") +
+          " whose token rows share memory pages, walked once for all of them" +
+          (group > 1 ? " (each key head's value heads share its q/k packing, L2 norm and "
+                       "[Q;K] K^T)"
+                     : "") +
+          "; workspace within the L2 (" + str(l2 >> 10) + " KiB); " + share;
+    } else if (heads > 1) {
       plan->items_reason = plural(heads, "value head", "value heads") +
                            " per item: they share their key head's q/k packing, L2 norm and "
                            "[Q;K] K^T; " +
-                           plural(items, "item", "items") + " for " +
-                           plural(threads, "thread", "threads") +
-                           ", none longer than a thread's share";
+                           share;
     } else {
-      plan->items_reason = "1 value head per item: a group of the " + str(group) +
-                           " value heads of a key head would leave a thread without an item "
-                           "or make an item longer than a thread's share (" +
-                           plural(threads, "thread", "threads") + ")";
+      plan->items_reason =
+          group > 1 ? "1 value head per item: a group of the " + str(group) +
+                          " value heads of a key head would leave a thread without an item or "
+                          "make an item longer than a thread's share (" +
+                          plural(threads, "thread", "threads") + ")"
+                    : "1 value head per item: Hv = Hk, and items of several key heads would "
+                      "leave a thread without an item, make an item longer than a thread's "
+                      "share or pass the L2 (" +
+                          plural(threads, "thread", "threads") + ")";
     }
   }
   plan->heads_per_item = heads;
@@ -437,10 +469,13 @@ ForwardOptions plan_options(const detail::ForwardProblem& f, CpuIsa isa) {
   return o;
 }
 
-std::vector<std::int64_t> heads_candidates(std::int64_t group) {
+std::vector<std::int64_t> heads_candidates(std::int64_t hk, std::int64_t hv) {
+  const std::int64_t group = hv / hk;
   std::vector<std::int64_t> out;
-  for (std::int64_t g = 1; g <= group && g <= kMaxGroup; ++g) {
-    if (group % g == 0) out.push_back(g);
+  for (std::int64_t g = 1; g <= kMaxGroup; ++g) {
+    if ((g <= group && group % g == 0) || (g > group && g % group == 0 && hk % (g / group) == 0)) {
+      out.push_back(g);
+    }
   }
   return out;
 }

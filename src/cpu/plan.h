@@ -29,7 +29,7 @@ inline constexpr std::int64_t kDecodeMinBlockBytes = std::int64_t{256} << 10;
 // Choices forced by the caller instead of planned (0: the plan chooses). For `gdn plan --time`
 // and the tests, which run every alternative; none of them changes a result bit.
 struct PlanForce {
-  std::int64_t heads_per_item = 0;  // forward: a divisor of Hv / Hk
+  std::int64_t heads_per_item = 0;  // forward: one of heads_candidates
   std::int64_t vblocks = 0;         // decode: 1 to Dv
 };
 
@@ -53,9 +53,10 @@ PlanProblem plan_problem(const detail::BackwardProblem& problem);
 ForwardOptions plan_options(const detail::ForwardProblem& problem, CpuIsa isa);
 
 // The alternatives tried by `gdn plan --time` and the tests: heads per forward item (the
-// divisors of Hv / Hk up to kMaxGroup, ascending), decode column blocks (1, 2, 4, ... while a
-// block keeps kDecodeMinColumns columns), chunk sizes.
-std::vector<std::int64_t> heads_candidates(std::int64_t group);
+// divisors of Hv / Hk, then the multiples of it that divide Hv: whole groups of consecutive key
+// heads; up to kMaxGroup, ascending), decode column blocks (1, 2, 4, ... while a block keeps
+// kDecodeMinColumns columns), chunk sizes.
+std::vector<std::int64_t> heads_candidates(std::int64_t hk, std::int64_t hv);
 std::vector<std::int64_t> vblocks_candidates(std::int64_t dv);
 inline constexpr int kChunkCandidates[] = {32, 64};
 

@@ -71,7 +71,10 @@ bool same_plan(const Plan& a, const Plan& b) {
 PlanProblem plan_problem_of(const ProblemSpec& spec, PlanOp op, bool residuals) {
   PlanProblem p;
   p.op = op;
-  for (std::int64_t len : spec.lengths) p.tokens = std::max(p.tokens, len);
+  for (std::int64_t len : spec.lengths) {
+    p.tokens = std::max(p.tokens, len);
+    p.total_tokens += len;  // unequal lengths: the rule weighs the longest against all
+  }
   p.num_seqs = static_cast<std::int64_t>(spec.lengths.size());
   p.hk = spec.hk;
   p.hv = spec.hv;
@@ -222,11 +225,50 @@ TEST(Plan, BackwardRebuildSegment) {
 }
 
 TEST(Plan, Candidates) {
-  EXPECT_EQ(cpu::heads_candidates(1), (std::vector<std::int64_t>{1}));
-  EXPECT_EQ(cpu::heads_candidates(4), (std::vector<std::int64_t>{1, 2, 4}));
-  EXPECT_EQ(cpu::heads_candidates(12), (std::vector<std::int64_t>{1, 2, 3, 4, 6}));
+  EXPECT_EQ(cpu::heads_candidates(1, 1), (std::vector<std::int64_t>{1}));
+  EXPECT_EQ(cpu::heads_candidates(1, 4), (std::vector<std::int64_t>{1, 2, 4}));
+  EXPECT_EQ(cpu::heads_candidates(1, 12), (std::vector<std::int64_t>{1, 2, 3, 4, 6}));
+  // Whole groups of consecutive key heads: Hk = 16, Hv = 32 (Qwen3-Next) and Hv = Hk = 6.
+  EXPECT_EQ(cpu::heads_candidates(16, 32), (std::vector<std::int64_t>{1, 2, 4, 8}));
+  EXPECT_EQ(cpu::heads_candidates(6, 6), (std::vector<std::int64_t>{1, 2, 3, 6}));
+  EXPECT_EQ(cpu::heads_candidates(3, 12), (std::vector<std::int64_t>{1, 2, 4}));
   EXPECT_EQ(cpu::vblocks_candidates(16), (std::vector<std::int64_t>{1}));
   EXPECT_EQ(cpu::vblocks_candidates(128), (std::vector<std::int64_t>{1, 2, 4, 8}));
+}
+
+// Items of several key heads (their token rows share memory pages) are chosen only while the
+// workspace, a state per head, fits this machine's L2, and then the largest that fits.
+TEST(Plan, WholeKeyHeadGroupsOnlyWithinTheL2) {
+  PlanProblem p;
+  p.tokens = 8192;
+  p.hk = 16;
+  p.hv = 32;
+  ForwardOptions o;
+  o.threads = 1;
+  o.chunk_size = 64;
+  const Plan plan = make_plan(p, o);
+  const std::int64_t l2 = machine_info().l2_bytes;
+  auto workspace = [&o](const PlanProblem& problem, std::int64_t heads) {
+    return cpu::make_plan(problem, o, cpu::PlanForce{heads, 0}).workspace_bytes;
+  };
+  ASSERT_GE(plan.heads_per_item, 2) << plan.items_reason;  // at least the key head's group
+  EXPECT_EQ(plan.workspace_bytes, workspace(p, plan.heads_per_item));
+  if (plan.heads_per_item > 2) {
+    EXPECT_LE(plan.workspace_bytes, l2) << plan.items_reason;
+    EXPECT_NE(plan.items_reason.find("key heads whose token rows share memory pages"),
+              std::string::npos)
+        << plan.items_reason;
+  }
+  if (plan.heads_per_item < cpu::kMaxGroup) {
+    EXPECT_GT(workspace(p, plan.heads_per_item * 2), l2) << plan.items_reason;
+  }
+  // Every thread still gets an item: Hv = Hk = 4 on 4 threads runs one head per item.
+  PlanProblem q = p;
+  q.hk = q.hv = 4;
+  o.threads = 4;
+  EXPECT_EQ(make_plan(q, o).heads_per_item, 1);
+  o.threads = 2;
+  EXPECT_EQ(make_plan(q, o).heads_per_item, workspace(q, 2) <= l2 ? 2 : 1);
 }
 
 TEST(Plan, ImpossibleProblemsAndForcedChoicesAreErrors) {
@@ -315,7 +357,7 @@ TEST(Plan, EveryForwardAlternativeMatchesReference) {
     ForwardOptions o = options;
     o.chunk_size = chunk;
     const ForwardResult first = forward_with(p, o, 1);
-    for (std::int64_t heads : cpu::heads_candidates(p.spec.hv / p.spec.hk)) {
+    for (std::int64_t heads : cpu::heads_candidates(p.spec.hk, p.spec.hv)) {
       const std::string what =
           "C = " + std::to_string(chunk) + ", " + std::to_string(heads) + " heads per item";
       const ForwardResult r = forward_with(p, o, heads);

@@ -37,8 +37,9 @@ leaves the results bit-identical.
 --time runs the chosen plan and each alternative tried on this problem (q and k L2-normalised,
 seeded inputs): the forward and the backward at chunk sizes 32 and 64 (only the given one when
 --chunk-size is not 0) and, for the forward, each value-heads-per-item candidate (the
-divisors of HV / HK up to 8); a decode step (conv K = 4, a history of 4096 tokens) with each
-column split (1, 2, 4, ... blocks of at least 16 columns). Alternatives of one chunk size
+divisors of HV / HK, then whole groups of several key heads; up to 8 heads); a decode step
+(conv K = 4, a history of 4096 tokens) with each column split (1, 2, 4, ... blocks of at
+least 16 columns). Alternatives of one chunk size
 are first checked to give bit-identical results. Each of --rounds rounds times every
 alternative --repeats times after a warm-up, in alternating order; an alternative's figure is
 its lowest median over the rounds. The last line says whether the chosen plan is within 5 %%
@@ -235,7 +236,7 @@ void add_forward(const CoreData& d, const PlanProblem& p, const ForwardOptions& 
                             c->chunk_states.mutable_view(), c->t_inv.mutable_view()},
                            c->options, detail::OutputPrecision::native, &c->forward);
   CoreCase* cc = c.get();
-  for (std::int64_t heads : cpu::heads_candidates(p.hv / p.hk)) {
+  for (std::int64_t heads : cpu::heads_candidates(p.hk, p.hv)) {
     const Plan plan =
         cpu::make_plan(cpu::plan_problem(cc->forward.problem),
                        cpu::plan_options(cc->forward.problem, base.isa), cpu::PlanForce{heads, 0});
