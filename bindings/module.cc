@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -225,7 +226,11 @@ class SmallPageCopy {
  public:
   explicit SmallPageCopy(const Tensor& t) : view_(t.view()), bytes_(t.bytes()) {
     void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::runtime_error("small_pages: mmap failed");
+    if (p == MAP_FAILED) {
+      throw std::runtime_error("small_pages: mmap of " + std::to_string(bytes_) +
+                               " bytes failed: " + std::strerror(errno));
+    }
+    // It fails (EINVAL) only where the kernel has no transparent huge pages: 4 KiB pages then.
     madvise(p, bytes_, MADV_NOHUGEPAGE);
     std::memcpy(p, view_.data, bytes_);
     view_.data = p;

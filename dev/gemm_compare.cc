@@ -364,14 +364,17 @@ void add_ukernel_rows(std::vector<Row>& rows, const Shape& s, Operands& o, bool 
       return;
     }
     brg.generate();
-    brg.set_hw_context();  // AMX's tile configuration; nothing elsewhere
     auto scratch = std::make_shared<std::vector<unsigned char>>(brg.get_scratchpad_size() + 64);
     const void* a = use_bf16 ? static_cast<const void*>(a16) : o.a;
     const void* b = use_bf16 ? static_cast<const void*>(b16) : o.b;
     const std::vector<std::pair<dnnl::memory::dim, dnnl::memory::dim>> offsets = {{0, 0}};
     if (!transform) {
-      add(rows, s, o, library, "brgemm ukernel, B as is",
-          [brg, a, b, offsets, scratch, &o] { brg.execute(a, b, offsets, o.c, scratch->data()); });
+      add(rows, s, o, library, "brgemm ukernel, B as is", [brg, a, b, offsets, scratch, &o] {
+        // AMX's tile configuration (nothing elsewhere), set per call: the rows timed in
+        // between (oneDNN's matmul, MKL) may configure or release the tiles.
+        brg.set_hw_context();
+        brg.execute(a, b, offsets, o.c, scratch->data());
+      });
     } else {
       // One transform per block of nb columns (the layout of a wider one is its own).
       uk::transform tf(s.k, nb, s.trans_b ? uk::pack_type::trans : uk::pack_type::no_trans, o.ldb,
@@ -386,6 +389,7 @@ void add_ukernel_rows(std::vector<Row>& rows, const Shape& s, Operands& o, bool 
           std::string(pack == uk::pack_type::pack32 ? "B packed in K pairs" : "B as rows") +
           (blocks > 1 ? ", one call per 64 columns" : "");
       auto run = [brg, a, offsets, scratch, packed, block, blocks, nb, &o] {
+        brg.set_hw_context();
         for (std::int64_t j = 0; j < blocks; ++j) {
           brg.execute(a, packed->data() + j * block, offsets, o.c + j * nb, scratch->data());
         }
@@ -683,6 +687,9 @@ int main(int argc, char** argv) {
     if (bf16) add_ukernel_rows(rows, s, o, true, a16.data(), b16.data());
 #endif
     time_rows(rows, first, trials);
+#if defined(GDN_DEV_HAVE_DNNL) && defined(DNNL_EXPERIMENTAL_UKERNEL)
+    dnnl::ukernel::brgemm::release_hw_context();
+#endif
 #ifdef GDN_DEV_HAVE_MKL
     if (jitter != nullptr) gdn::dev::mkl_jit_destroy_kernel(jitter);
 #endif

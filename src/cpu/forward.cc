@@ -33,7 +33,9 @@ void forward(const detail::ForwardProblem& p, const Plan& plan) {
     throw RuntimeError("forward: a plan for " + std::string(plan_op_name(plan.op)) + ", chunk " +
                        std::to_string(plan.chunk_size) + ", " + std::to_string(heads) +
                        " heads per item does not fit a forward problem of chunk " +
-                       std::to_string(p.chunk_size) + " and Hv / Hk = " + std::to_string(p.group));
+                       std::to_string(p.chunk_size) +
+                       ": expected heads per item dividing Hv / Hk = " + std::to_string(p.group) +
+                       " or a multiple of it dividing Hv = " + std::to_string(p.shape.hv));
   }
   const KernelTable& table = kernel_table(plan.isa);
   const ForwardItemFn chunked = table.chunked[activations(p.shape.dtype)];

@@ -3,7 +3,7 @@
 // Each variant is the same source (src/cpu/target-inl.h) compiled with its own flags into its
 // own namespace (target_generic.cc, target_avx2.cc, target_avx512.cc, target_avx512_bf16.cc).
 // The driver (src/cpu/forward.cc) resolves the variant once per call and calls these function
-// pointers per work item (a sequence and a group of value heads sharing a key head); nothing
+// pointers per work item (a sequence and a group of value heads, src/cpu/plan.cc); nothing
 // below the table looks at dtype, ISA or flags.
 #pragma once
 
@@ -15,9 +15,9 @@
 
 namespace gdn::cpu {
 
-// One work item of a forward problem: sequence `seq`, value heads [head, head + heads), which
-// all read the same key head. `workspace` holds at least forward_workspace_bytes(problem,
-// heads) bytes, 64-byte aligned, owned by the calling thread.
+// One work item of a forward problem: sequence `seq`, value heads [head, head + heads): some of
+// one key head's group, or the whole groups of consecutive key heads. `workspace` holds at least
+// forward_workspace_bytes(problem, heads) bytes, 64-byte aligned, owned by the calling thread.
 using ForwardItemFn = void (*)(const detail::ForwardProblem& problem, std::int64_t seq,
                                std::int64_t head, std::int64_t heads, std::byte* workspace);
 

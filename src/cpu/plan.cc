@@ -241,14 +241,30 @@ void plan_forward(const PlanProblem& p, int threads, const PlanForce& force, Pla
     // inputs against the same inputs in huge pages took 302 ms against 275 with 2 heads per
     // item, 291 with 4 and 286 with 8 (one thread, minima of 9 alternating rounds; two
     // threads: 149, 143, 142 against 138), while on huge pages 4 and 8 heads were level with 2.
-    // They hold a state each, so they are taken only while the workspace fits the L2.
+    // They hold a state each, so they are taken only while the workspace stays within three
+    // quarters of the L2 (the rest for the bf16 scratch, the rows in flight, a sibling
+    // hyperthread), and only where the busiest thread runs no more heads than with the
+    // largest group of one key head (8 heads per item on 3 threads: 16 heads for one thread
+    // against 12 with 2 per item).
     const std::int64_t total = p.total_tokens > 0 ? p.total_tokens : p.tokens * p.num_seqs;
     const std::int64_t l2 = machine_info().l2_bytes;
+    auto allowed = [&](std::int64_t g) {
+      return p.num_seqs * p.hv / g >= threads && p.tokens * g * threads <= total * p.hv;
+    };
+    auto busiest = [&](std::int64_t g) {
+      return (p.num_seqs * p.hv / g + threads - 1) / threads * g;
+    };
     const std::vector<std::int64_t> candidates = heads_candidates(p.hk, p.hv);
-    for (auto g = candidates.rbegin(); g != candidates.rend() && *g > 1; ++g) {
-      const bool fits = *g <= group || static_cast<std::int64_t>(forward_workspace_bytes(
-                                           sizing_problem(p, static_cast<int>(c)), *g)) <= l2;
-      if (fits && p.num_seqs * p.hv / *g >= threads && p.tokens * *g * threads <= total * p.hv) {
+    for (auto g = candidates.rbegin(); g != candidates.rend(); ++g) {
+      if (*g <= group && allowed(*g)) {
+        heads = *g;
+        break;
+      }
+    }
+    for (auto g = candidates.rbegin(); g != candidates.rend() && *g > group; ++g) {
+      const auto workspace = static_cast<std::int64_t>(
+          forward_workspace_bytes(sizing_problem(p, static_cast<int>(c)), *g));
+      if (workspace * 4 <= l2 * 3 && allowed(*g) && busiest(*g) <= busiest(heads)) {
         heads = *g;
         break;
       }
@@ -265,7 +281,7 @@ void plan_forward(const PlanProblem& p, int threads, const PlanForce& force, Pla
           (group > 1 ? " (each key head's value heads share its q/k packing, L2 norm and "
                        "[Q;K] K^T)"
                      : "") +
-          "; workspace within the L2 (" + str(l2 >> 10) + " KiB); " + share;
+          "; workspace within 3/4 of the L2 (" + str(l2 >> 10) + " KiB); " + share;
     } else if (heads > 1) {
       plan->items_reason = plural(heads, "value head", "value heads") +
                            " per item: they share their key head's q/k packing, L2 norm and "
@@ -278,8 +294,8 @@ void plan_forward(const PlanProblem& p, int threads, const PlanForce& force, Pla
                           "make an item longer than a thread's share (" +
                           plural(threads, "thread", "threads") + ")"
                     : "1 value head per item: Hv = Hk, and items of several key heads would "
-                      "leave a thread without an item, make an item longer than a thread's "
-                      "share or pass the L2 (" +
+                      "leave a thread without an item, load one thread more, make an item "
+                      "longer than a thread's share or not fit 3/4 of the L2 (" +
                           plural(threads, "thread", "threads") + ")";
     }
   }
