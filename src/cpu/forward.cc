@@ -9,6 +9,7 @@
 // differ in length).
 #include "cpu/forward.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -27,15 +28,16 @@ void forward(const detail::ForwardProblem& p, CpuIsa isa) {
 
 void forward(const detail::ForwardProblem& p, const Plan& plan) {
   const std::int64_t heads = plan.heads_per_item;
-  const bool whole_groups = heads % p.group == 0 && p.shape.hv % heads == 0;
-  if (plan.op != PlanOp::forward || plan.chunk_size != p.chunk_size || heads < 1 ||
-      (p.group % heads != 0 && !whole_groups)) {
+  const std::vector<std::int64_t> allowed = heads_candidates(p.shape.hk, p.shape.hv);
+  if (plan.op != PlanOp::forward || plan.chunk_size != p.chunk_size ||
+      std::find(allowed.begin(), allowed.end(), heads) == allowed.end()) {
     throw RuntimeError("forward: a plan for " + std::string(plan_op_name(plan.op)) + ", chunk " +
                        std::to_string(plan.chunk_size) + ", " + std::to_string(heads) +
                        " heads per item does not fit a forward problem of chunk " +
                        std::to_string(p.chunk_size) +
                        ": expected heads per item dividing Hv / Hk = " + std::to_string(p.group) +
-                       " or a multiple of it dividing Hv = " + std::to_string(p.shape.hv));
+                       " or a multiple of it dividing Hv = " + std::to_string(p.shape.hv) +
+                       ", at most " + std::to_string(kMaxGroup));
   }
   const KernelTable& table = kernel_table(plan.isa);
   const ForwardItemFn chunked = table.chunked[activations(p.shape.dtype)];

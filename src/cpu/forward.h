@@ -16,8 +16,8 @@ namespace gdn::cpu {
 void forward(const detail::ForwardProblem& problem, CpuIsa isa);
 
 // Runs the forward as `plan` says (`gdn plan --time` and the tests run every alternative).
-// The plan must be a forward plan of the problem's chunk size with heads_per_item dividing
-// Hv / Hk or a multiple of it dividing Hv, else gdn::RuntimeError.
+// The plan must be a forward plan of the problem's chunk size with heads_per_item one of
+// heads_candidates (src/cpu/plan.h), else gdn::RuntimeError.
 void forward(const detail::ForwardProblem& problem, const Plan& plan);
 
 }  // namespace gdn::cpu
