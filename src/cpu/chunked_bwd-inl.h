@@ -36,6 +36,7 @@ struct BackwardBuffers {
   Real* dbeta;
   Real* de;  // de_i e_i
   Real* row;
+  Real* inv_norms;
   Real* ds;
   Real* rebuilt;
 
@@ -58,6 +59,7 @@ struct BackwardBuffers {
     dbeta = dd + l.fwd.cp;
     de = dbeta + l.fwd.cp;
     row = de + l.fwd.cp;
+    inv_norms = w + l.inv_norms;
     ds = w + l.ds;
     rebuilt = w + l.rebuilt;
   }
@@ -294,7 +296,11 @@ void bwd_chunk_head(const detail::BackwardProblem& bp, const detail::Sequence& s
 }
 
 // dq and dk of the chunk's tokens for key head hk, from the summed dQ~ and dK in w.dqk:
-// dq_hat = scale dQ~, then the L2-norm backward when the norm is on.
+// dq_hat = scale dQ~, then the L2-norm backward when the norm is on. That backward,
+// dx = inv (dx_hat - x_hat (x_hat . dx_hat)) with inv = 1 / sqrt(|x|^2 + 1e-6), reads x_hat
+// off the packed rows (Q~ = scale x_hat, K = x_hat) and inv off w.inv_norms (chunk_pack_qk):
+// reading the raw rows again cost 20-25 ms of a ~790 ms backward (8k tokens, one thread;
+// each row lies in its own page).
 template <class Real, class In>
 void bwd_write_qk(const detail::BackwardProblem& bp, const detail::Sequence& seq, std::int64_t hk,
                   std::int64_t t0, std::int64_t n, const ChunkedLayout& l,
@@ -303,18 +309,19 @@ void bwd_write_qk(const detail::BackwardProblem& bp, const detail::Sequence& seq
   const std::int64_t dk = p.shape.dk;
   const bool stream_dqk = stream_rows<In, Real>(p.shape, p.shape.hk, dk);
   for (int part = 0; part < 2; ++part) {
-    const detail::TokenTensor<const std::byte*>& x = part == 0 ? p.q : p.k;
     const detail::TokenTensor<std::byte*>& out = part == 0 ? bp.dq : bp.dk;
     const Real scale = part == 0 ? static_cast<Real>(p.scale) : static_cast<Real>(1);
+    // x_hat = packed / scale; a zero scale packed zeros, whose gradient is zero.
+    const Real inv_scale = scale != 0 ? 1 / scale : 0;
     for (std::int64_t i = 0; i < n; ++i) {
       Real* d_hat = w.dqk + (part * n + i) * l.dkp;
       if (p.l2norm) {
-        Real* raw = w.row;
-        gather_row(raw, token_at<In>(x, seq, t0 + i, hk), x.dim, dk, l.dkp);
-        const Real inv = 1 / sqrt_real(dot(raw, raw, l.dkp) + static_cast<Real>(1e-6));
-        const Real proj = dot(raw, d_hat, l.dkp) * inv * scale;  // x_hat . d_hat (scaled)
+        const Real* packed = w.c.qk + (part * n + i) * l.dkp;
+        const Real inv = w.inv_norms[part * n + i];
+        // x_hat . dx_hat = (scale x_hat) . d_hat = packed . d_hat
+        const Real along = dot(packed, d_hat, l.dkp) * inv_scale;
         for (std::int64_t j = 0; j < l.dkp; j += kLanes<Real>) {
-          store(d_hat + j, (load(d_hat + j) * scale - load(raw + j) * (inv * proj)) * inv);
+          store(d_hat + j, (load(d_hat + j) * scale - load(packed + j) * along) * inv);
         }
       } else {
         scale_row(d_hat, l.dkp, scale);
@@ -401,7 +408,7 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
             [&](std::int64_t j) { return slot(checkpoints + at - first + 1, j); });
       }
     }
-    chunk_pack_qk<Real, In>(p, seq, hk, t0, n, l, b);
+    chunk_pack_qk<Real, In>(p, seq, hk, t0, n, l, b, /*with_q=*/true, w.inv_norms);
     clock.lap(Stage::pack_qk);
     chunk_gram(n, dk, l, b);
     fill<Real>(w.dqk, 2 * n * l.dkp, 0);

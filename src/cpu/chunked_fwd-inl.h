@@ -73,11 +73,12 @@ struct ChunkBuffers {
 // Gathers the q and k rows of the n tokens of the chunk starting at token t0 for key head hk:
 // Q rows 0..n-1 (normalised and scaled), K rows n..2n-1, and K^T. Padding is zero.
 // With with_q = false the Q rows are left unwritten: a step without its output (the forward
-// asked for no o, the backward's rebuild) never reads them.
+// asked for no o, the backward's rebuild) never reads them. With inv_norms (the backward;
+// with_q, l2norm) the rows' inverse L2 norms go to inv_norms[0..n) (q) and [n..2n) (k).
 template <class Real, class In>
 void chunk_pack_qk(const detail::ForwardProblem& p, const detail::Sequence& seq, std::int64_t hk,
                    std::int64_t t0, std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b,
-                   bool with_q = true) {
+                   bool with_q = true, Real* inv_norms = nullptr) {
   const std::int64_t dk = p.shape.dk;
   const Real scale = static_cast<Real>(p.scale);
   Real* q = b.qk;
@@ -85,11 +86,11 @@ void chunk_pack_qk(const detail::ForwardProblem& p, const detail::Sequence& seq,
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t t = t0 + i;
     if (with_q) {
-      pack_qk_row(q + i * l.dkp, token_at<In>(p.q, seq, t, hk), p.q.dim, dk, l.dkp, p.l2norm,
-                  scale);
+      pack_qk_row(q + i * l.dkp, token_at<In>(p.q, seq, t, hk), p.q.dim, dk, l.dkp, p.l2norm, scale,
+                  inv_norms != nullptr ? inv_norms + i : nullptr);
     }
     pack_qk_row(k + i * l.dkp, token_at<In>(p.k, seq, t, hk), p.k.dim, dk, l.dkp, p.l2norm,
-                static_cast<Real>(1));
+                static_cast<Real>(1), inv_norms != nullptr ? inv_norms + n + i : nullptr);
   }
   // K^T [Dk][cp], columns past n zero, by in-register block transposes (a scalar transpose
   // took 2.4 of the 9.7 us the packing needed at C = 64, Dk = 128, float, AVX-512).

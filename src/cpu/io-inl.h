@@ -185,10 +185,12 @@ inline double sqrt_real(double x) { return __builtin_sqrt(x); }
 // A q or k row into the workspace: dst[0..n) = src * scale, or with l2norm
 // src * scale / sqrt(sum(src^2) + 1e-6) (the sum of squares in Real); dst[n..padded_n) = 0.
 // Contiguous rows of the compute type take a vector path (the sum of squares accumulated in
-// the same lanes, so both paths round alike).
+// the same lanes, so both paths round alike). With l2norm and inv_norm given, *inv_norm =
+// 1 / sqrt(sum(src^2) + 1e-6): the backward's L2-norm backward then needs no second read of
+// the row.
 template <class Real, class In>
 inline void pack_qk_row(Real* dst, const In* src, std::int64_t stride, std::int64_t n,
-                        std::int64_t padded_n, bool l2norm, Real scale) {
+                        std::int64_t padded_n, bool l2norm, Real scale, Real* inv_norm = nullptr) {
   constexpr int W = kLanes<Real>;
   if (__is_same(Real, In) && stride == 1 && n % W == 0) {
     for (std::int64_t j = 0; j < n; j += W)
@@ -197,6 +199,10 @@ inline void pack_qk_row(Real* dst, const In* src, std::int64_t stride, std::int6
   } else {
     gather_row(dst, src, stride, n, padded_n);
   }
-  if (l2norm) scale /= sqrt_real(dot(dst, dst, padded_n) + static_cast<Real>(1e-6));
+  if (l2norm) {
+    const Real norm = sqrt_real(dot(dst, dst, padded_n) + static_cast<Real>(1e-6));
+    if (inv_norm != nullptr) *inv_norm = 1 / norm;
+    scale /= norm;
+  }
   scale_row(dst, padded_n, scale);
 }

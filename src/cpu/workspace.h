@@ -100,6 +100,7 @@ struct BackwardLayout {
   std::int64_t dqk;    // dQ~ (rows 0..n-1) and dK (rows n..2n-1), summed over heads  [2C][dkp]
   std::int64_t y;      // one head's [dQ~; dK], starting from M S^T  [2C][dkp]
   std::int64_t grad_vectors;  // dd d, dbeta, de e: 3 x [cp]; a row [max(cp, dkp, dvp)]
+  std::int64_t inv_norms;     // 1 / |q row| (0..n-1), 1 / |k row| (n..2n-1)  [2 cp]
   std::int64_t ds;            // each head's dS  [heads][Dk][dvp]
   std::int64_t rebuilt;       // rebuilt states  [slots][heads][Dk][dvp]
   std::int64_t total;
@@ -141,6 +142,8 @@ static constexpr BackwardLayout backward_layout(std::int64_t dk, std::int64_t dv
   l.grad_vectors = at;
   at += 3 * cp + row;
   at = padded(at);
+  l.inv_norms = at;
+  at += 2 * cp;
   l.ds = at;
   at += heads * dk * dvp;
   l.rebuilt = at;

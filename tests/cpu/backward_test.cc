@@ -176,6 +176,48 @@ TEST(CpuBackward, ChunkSizesAndScale) {
   }
 }
 
+// The L2-norm backward reads x_hat off the packed rows (Q~ = scale x_hat): a negative scale
+// and a zero one (Q~ = 0, so dq = 0) must still give the reference's gradients, on every
+// variant, with a head dim that leaves padding in the rows.
+TEST(CpuBackward, L2NormBackwardWithNegativeAndZeroScale) {
+  ProblemSpec spec;
+  spec.lengths = {90, 7};
+  spec.hk = 1;
+  spec.hv = 2;
+  spec.dk = 20;
+  spec.dv = 12;
+  spec.initial_state = true;
+  spec.l2norm = true;
+  const Problem p = make_problem(spec);
+  const test::Cotangents c = test::make_cotangents(p, 5);
+  const BackwardInputs in = backward_inputs(p, c, true);
+  for (double scale : {-0.4, 0.0}) {
+    ForwardOptions options = p.options();
+    options.scale = scale;
+    options.chunk_size = 32;
+    const BackwardResult ref = ref::recurrent_bwd(in, options);
+    const BackwardResult base = test::baseline_f32_bwd(p, c.d_o, c.d_ht, options);
+    for (CpuIsa isa : compiled_isas()) {
+      ForwardOptions o = options;
+      o.isa = isa;
+      const BackwardResult r = chunk_gated_delta_rule_bwd(in, o);
+      for (int i = 0; i < 6; ++i) {
+        EXPECT_TRUE(test::within(
+            *grads(r).t[i], *grads(ref).t[i],
+            f32_tolerance(test::compare(*grads(base).t[i], *grads(ref).t[i]).normalized()),
+            std::string(kNames[i]) + ", scale " + std::to_string(scale) + ", " +
+                cpu_isa_name(isa)));
+      }
+      if (scale == 0.0) {
+        const float* dq = r.dq.data<float>();
+        bool zero = true;
+        for (std::int64_t e = 0; e < r.dq.numel(); ++e) zero = zero && dq[e] == 0.0f;
+        EXPECT_TRUE(zero) << "dq at scale 0, " << cpu_isa_name(isa);
+      }
+    }
+  }
+}
+
 // Keep both residuals, t_inv only, chunk_states only, or nothing: the same gradients, bit for
 // bit, on every variant.
 TEST(CpuBackward, RematPoliciesAreBitIdentical) {
@@ -346,9 +388,12 @@ TEST(CpuBackward, StreamedOutputsAreBitIdentical) {
     ASSERT_GE(fwd.o.bytes(), std::size_t{32} << 20);
     const BackwardResult bwd = chunk_gated_delta_rule_bwd(backward_inputs(p, c, false), o);
     for (std::int64_t from : {std::int64_t{0}, std::int64_t{4096}}) {
-      const ForwardInputs alone{tokens(p.q, from, 4096),    tokens(p.k, from, 4096),
-                                tokens(p.v, from, 4096),    tokens(p.g, from, 4096),
-                                tokens(p.beta, from, 4096), {},
+      const ForwardInputs alone{tokens(p.q, from, 4096),
+                                tokens(p.k, from, 4096),
+                                tokens(p.v, from, 4096),
+                                tokens(p.g, from, 4096),
+                                tokens(p.beta, from, 4096),
+                                {},
                                 {}};
       const ForwardResult own = chunk_gated_delta_rule_fwd(alone, o);
       EXPECT_TRUE(same_tokens(fwd.o, from, own.o)) << "o from token " << from << ", " << what;

@@ -134,8 +134,8 @@ std::vector<StageRow> stage_rows(const CoreBenchConfig& config, const CoreCaseRe
         r.bytes = tokens * static_cast<double>(hv) * (dv * in + 8);
         break;
       case cpu::Stage::write_dqk:
-        // Reads q and k again (for the L2-norm backward) and writes dq and dk.
-        r.bytes = tokens * static_cast<double>(hk) * 4 * dk * in;
+        // Writes dq and dk (the L2-norm backward reads the packed rows, not q and k).
+        r.bytes = tokens * static_cast<double>(hk) * 2 * dk * in;
         break;
       case cpu::Stage::residuals:
         if (result.residuals == "all") {
