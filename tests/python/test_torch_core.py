@@ -258,6 +258,19 @@ def test_opcheck_both_ops():
     torch.library.opcheck(torch.ops.gdn.chunk_bwd.default, bargs)
 
 
+def test_op_modules_keep_their_annotations_as_objects():
+    # torch 2.4's torch.library.custom_op infers the schema from the annotations as objects and
+    # rejects strings, which `from __future__ import annotations` would make them (pyproject
+    # says torch >= 2.4; the test environment has a newer torch, which accepts both).
+    import inspect
+    import re
+
+    from gdn.torch import _conv, _ops, _step
+    for module in (_ops, _conv, _step):
+        source = inspect.getsource(module)
+        assert not re.search(r"^from __future__ import annotations", source, re.M), module
+
+
 def test_residual_rows_past_the_batch_are_zero():
     c = Case(CASES[1])  # 6 sequences over 50 tokens: at most 9 chunks of 16, 5 used
     q, k, v, g, beta, h0 = c.inputs()

@@ -8,16 +8,14 @@ initial_state [N, K - 1, D], cu_seqlens [N + 1]; the functions turn the package'
 it with views (a copy only where a [B, D, T] batch cannot be seen as [B * T, D]).
 """
 
-from __future__ import annotations
-
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from gdn import _gdn
-from gdn._options import library_names, static_int
-from gdn.torch._ops import check_devices, compute_dtype, raw
+from gdn._options import static_int
+from gdn.torch._ops import check_devices, compute_dtype, eager_library_names, raw
 
 ACTIVATIONS = (None, "silu", "swish")
 
@@ -252,7 +250,7 @@ def causal_conv1d_fn(
     w = weight.to(cdt)
     b = bias.to(cdt) if bias is not None else None
     want_final = bool(return_final_states)
-    with library_names(_FN_NAMES):
+    with eager_library_names(_FN_NAMES):
         out, final = conv_fwd(rows, w, b, state, cu, silu, threads, want_final)
     out = out.view(batch, tokens, channels).transpose(1, 2)
     if not want_final:
@@ -337,7 +335,7 @@ def causal_conv1d_update(
         return x.new_empty(x.shape[:-1] if one_token else x.shape)
     cu = torch.arange(batch + 1, dtype=torch.int64) * tokens
     flat = x.transpose(1, 2).reshape(batch * tokens, channels)
-    with library_names(_UPDATE_NAMES):
+    with eager_library_names(_UPDATE_NAMES):
         out, _ = conv_fwd(flat, weight.to(cdt), bias.to(cdt) if bias is not None else None,
                           state, cu, silu, threads, False)
     new_rows = torch.cat([rows, x.to(conv_state.dtype)], dim=-1)[:, :, -size:]

@@ -5,8 +5,6 @@ sglang's / vLLM's batch description (``initial_state_indices``, ``cu_seqlens``,
 ``has_initial_state``).
 """
 
-from __future__ import annotations
-
 from typing import Optional
 
 import torch
@@ -14,7 +12,7 @@ from torch import Tensor
 
 from gdn import _gdn
 from gdn._options import library_names, static_int
-from gdn.torch._ops import check_devices, raw
+from gdn.torch._ops import check_devices, eager_library_names, raw
 
 # The library's names -> the op's arguments, in its error messages; fused_gdn_step's batch
 # description adds its own.
@@ -167,7 +165,7 @@ def fused_gdn_step(
     # A sequence has history when its total length exceeds its new tokens.
     seq_lens = lengths + has.long()
     taps = conv_weight.shape[-1]
-    with library_names(_STEP_NAMES):
+    with eager_library_names(_STEP_NAMES):
         return step(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias,
                     _conv_pool(conv_state, taps, qkv.shape[-1]), ssm_state, starts, slots,
                     seq_lens, distribution, None, None, *heads, 0, threads)
