@@ -174,35 +174,93 @@ void chunk_kkt(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b, bo
 
 // A = (I + L)^-1, unit lower triangular, by forward substitution:
 // row i of A = e_i - sum_{j < i} L_ij (row j of A). Rows are padded; zeros above the diagonal.
-// Each block of kSolveBlock vectors of row i is accumulated in registers over j and stored
-// once (row j of A is zero past column j, so block b only needs rows j >= its first column).
-// Measured at C = 64, float, AVX-512: 5.6 us per chunk updating the row in memory (every
-// j waits on the previous store), 1.5 us with register accumulation.
+// Each block of kSolveBlock vectors of a row is accumulated in registers over j and stored
+// once (row j of A is zero past column j, so block c0 only needs rows j >= c0), and
+// kSolveRows rows are solved together: each vector of an earlier row is loaded once for all
+// of them, and the group's rows give kSolveRows times the independent chains. The group's own
+// rows are applied last, in order, so every element still subtracts its terms in the order
+// j = c0, c0 + 1, ..., i - 1: the same sums, bit for bit, as one row at a time. Measured at
+// C = 64, float, AVX-512: 5.6 us per chunk updating the row in memory (every j waits on the
+// previous store), 1.5 us with register accumulation one row at a time.
 inline constexpr int kSolveBlock = 4;
+inline constexpr int kSolveRows = GDN_VECTOR_BYTES == 64 ? 4 : 2;  // 16 vector registers: 2
+
+// The terms of the rows j < i0 whose diagonal lies in vector Seg of the block (j in
+// [c0 + Seg W, c0 + (Seg + 1) W); for the last vector, every j from there on), then the next
+// vectors'. Such a row is zero past vector Seg, so only vectors 0..Seg take its terms: the
+// others would subtract exact zeros.
+template <class Real, int R, int V, int Seg>
+void solve_earlier_rows(std::int64_t i0, std::int64_t c0, const Real* lmat, const Real* a,
+                        std::int64_t ld, Vec<Real> (&acc)[R][V]) {
+  constexpr int W = kLanes<Real>;
+  const std::int64_t j_end = Seg + 1 < V ? min64(i0, c0 + (Seg + 1) * W) : i0;
+  for (std::int64_t j = c0 + Seg * W; j < j_end; ++j) {
+    Vec<Real> aj[Seg + 1];
+#pragma GCC unroll 4
+    for (int v = 0; v <= Seg; ++v) aj[v] = load(a + j * ld + c0 + v * W);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const Real lij = lmat[(i0 + r) * ld + j];
+#pragma GCC unroll 4
+      for (int v = 0; v <= Seg; ++v) acc[r][v] -= lij * aj[v];
+    }
+  }
+  if constexpr (Seg + 1 < V) solve_earlier_rows<Real, R, V, Seg + 1>(i0, c0, lmat, a, ld, acc);
+}
+
+// Rows i0 .. i0 + R - 1 of A, vectors c0 .. c0 + V - 1.
+template <class Real, int R, int V>
+void solve_rows(std::int64_t i0, std::int64_t c0, const Real* lmat, Real* a, std::int64_t ld) {
+  constexpr int W = kLanes<Real>;
+  Vec<Real> acc[R][V];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      const Vec<Real> col = lane_index<Real>() + static_cast<Real>(c0 + v * W);
+      acc[r][v] = col == splat(static_cast<Real>(i0 + r)) ? splat<Real>(1) : Vec<Real>{};
+    }
+  }
+  solve_earlier_rows<Real, R, V, 0>(i0, c0, lmat, a, ld, acc);
+#pragma GCC unroll 4
+  for (int s = 0; s + 1 < R; ++s) {
+    if (i0 + s < c0) continue;  // row i0 + s is zero in this block: no term, as above
+#pragma GCC unroll 4
+    for (int r = s + 1; r < R; ++r) {
+      const Real lrs = lmat[(i0 + r) * ld + i0 + s];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[r][v] -= lrs * acc[s][v];
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) store(a + (i0 + r) * ld + c0 + v * W, acc[r][v]);
+  }
+}
+
+// Picks the block for a remainder of rows <= R rows and nb <= V vectors.
+template <class Real, int R, int V>
+void solve_rows_dispatch(int rows, int nb, std::int64_t i0, std::int64_t c0, const Real* lmat,
+                         Real* a, std::int64_t ld) {
+  if constexpr (R > 1) {
+    if (rows < R) return solve_rows_dispatch<Real, R - 1, V>(rows, nb, i0, c0, lmat, a, ld);
+  }
+  if constexpr (V > 1) {
+    if (nb < V) return solve_rows_dispatch<Real, R, V - 1>(rows, nb, i0, c0, lmat, a, ld);
+  }
+  solve_rows<Real, R, V>(i0, c0, lmat, a, ld);
+}
 
 template <class Real>
 void solve_tril(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
   constexpr int W = kLanes<Real>;
   const Real* lmat = b.pl + n * l.cp;
-  for (std::int64_t i = 0; i < n; ++i) {
-    Real* row = b.a + i * l.cp;
-    const Real* li = lmat + i * l.cp;
+  for (std::int64_t i0 = 0; i0 < n; i0 += kSolveRows) {
+    const int rows = static_cast<int>(min64(kSolveRows, n - i0));
     for (std::int64_t c0 = 0; c0 < l.cp; c0 += kSolveBlock * W) {
       const int nb = static_cast<int>(min64(kSolveBlock, (l.cp - c0) / W));
-      Vec<Real> acc[kSolveBlock];
-      for (int v = 0; v < kSolveBlock; ++v) {
-        const Vec<Real> col = lane_index<Real>() + static_cast<Real>(c0 + v * W);
-        acc[v] = col == splat(static_cast<Real>(i)) ? splat<Real>(1) : Vec<Real>{};
-      }
-      for (std::int64_t j = c0; j < i; ++j) {
-        const Real lij = li[j];
-        const Real* aj = b.a + j * l.cp + c0;
-#pragma GCC unroll 4
-        for (int v = 0; v < kSolveBlock; ++v) {
-          if (v < nb) acc[v] -= lij * load(aj + v * W);
-        }
-      }
-      for (int v = 0; v < nb; ++v) store(row + c0 + v * W, acc[v]);
+      solve_rows_dispatch<Real, kSolveRows, kSolveBlock>(rows, nb, i0, c0, lmat, b.a, l.cp);
     }
   }
 }
