@@ -48,6 +48,11 @@ struct ChunkBuffers {
   // Scratch for bf16 matrix operands (ForwardProblem::bf16_operands; gemm-inl.h), after the
   // layout; null: operands in the compute type.
   Real* bf16 = nullptr;
+  // With vdpbf16ps, the key head's operands as bf16 pair words, packed once per chunk
+  // (chunk_pack_words; workspace.h: bf16_key_words); null: each product packs its own.
+  std::uint32_t* qk_words = nullptr;  // [Q;K] along its rows, padded(ceil(Dk / 2)) words a row
+  std::uint32_t* kt_words = nullptr;  // K^T as chunk_gram's B
+  std::uint32_t* k_words = nullptr;   // K read transposed, as chunk_state's A
 
   ChunkBuffers() = default;
   ChunkBuffers(std::byte* workspace, const ChunkedLayout& l) {
@@ -97,16 +102,44 @@ void chunk_pack_qk(const detail::ForwardProblem& p, const detail::Sequence& seq,
   transpose_into(k, n, l.dkp, dk, b.kt, l.cp, l.cp);
 }
 
+// The pre-packed words of [Q;K] from row `row` on (null where nothing was pre-packed).
+template <class Real>
+const std::uint32_t* qk_words_from(const ChunkBuffers<Real>& b, std::int64_t row, std::int64_t dk) {
+  return b.qk_words == nullptr ? nullptr : b.qk_words + row * padded((dk + 1) / 2);
+}
+
+// With vdpbf16ps and bf16 operands, packs the key head's operands that several products read
+// once per chunk ([Q;K]: chunk_gram and each value head's chunk_wy; K^T: chunk_gram's two
+// products; K transposed: each value head's chunk_state), the same words each product would
+// pack for itself. With with_q = false only K's rows of [Q;K].
+template <class Real>
+void chunk_pack_words(std::int64_t n, std::int64_t dk, const ChunkedLayout& l,
+                      ChunkBuffers<Real>& b, bool with_q) {
+#if defined(__AVX512BF16__)
+  if constexpr (sizeof(Real) == 4) {
+    if (b.qk_words == nullptr) return;
+    const std::int64_t first = with_q ? 0 : n;
+    pack_bf16_a(b.qk_words + first * padded((dk + 1) / 2), 2 * n - first, dk, b.qk + first * l.dkp,
+                l.dkp, 1);
+    pack_bf16_b(b.kt_words, l.cp, dk, b.kt, l.cp);
+    pack_bf16_a(b.k_words, dk, n, b.qk + n * l.dkp, 1, l.dkp);
+  }
+#else
+  (void)n, (void)dk, (void)l, (void)b, (void)with_q;
+#endif
+}
+
 // gram = [Q;K] K^T, lower triangles only (the rest of the tiles wholly above the diagonal is
 // left unwritten and never read unmasked). With with_q = false only K K^T (rows n..2n-1).
 template <class Real>
 void chunk_gram(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuffers<Real>& b,
                 bool with_q = true) {
   if (with_q) {
-    gemm<Real, false>(n, l.cp, dk, b.qk, l.dkp, 1, b.kt, l.cp, b.gram, l.cp, 1, kLowerC, b.bf16);
+    gemm<Real, false>(n, l.cp, dk, b.qk, l.dkp, 1, b.kt, l.cp, b.gram, l.cp, 1, kLowerC, b.bf16,
+                      {qk_words_from(b, 0, dk), b.kt_words});
   }
   gemm<Real, false>(n, l.cp, dk, b.qk + n * l.dkp, l.dkp, 1, b.kt, l.cp, b.gram + n * l.cp, l.cp, 1,
-                    kLowerC, b.bf16);
+                    kLowerC, b.bf16, {qk_words_from(b, n, dk), b.kt_words});
 }
 
 // Gathers value head h's rows of the chunk: V (In), beta, g (Real), G and e^G. Padding is zero.
@@ -273,10 +306,11 @@ template <class Real>
 void chunk_wy(std::int64_t n, std::int64_t dk, const Real* state, const ChunkedLayout& l,
               ChunkBuffers<Real>& b, bool with_q = true) {
   if (with_q) {
-    gemm<Real, false>(2 * n, l.dvp, dk, b.qk, l.dkp, 1, state, l.dvp, b.x, l.dvp, 1, kFull, b.bf16);
+    gemm<Real, false>(2 * n, l.dvp, dk, b.qk, l.dkp, 1, state, l.dvp, b.x, l.dvp, 1, kFull, b.bf16,
+                      {qk_words_from(b, 0, dk), nullptr});
   } else {
     gemm<Real, false>(n, l.dvp, dk, b.qk + n * l.dkp, l.dkp, 1, state, l.dvp, b.x + n * l.dvp,
-                      l.dvp, 1, kFull, b.bf16);
+                      l.dvp, 1, kFull, b.bf16, {qk_words_from(b, n, dk), nullptr});
   }
   const Real* ks = b.x + n * l.dvp;
   for (std::int64_t i = 0; i < n; ++i) {
@@ -305,7 +339,7 @@ void chunk_state(std::int64_t n, std::int64_t dk, Real* state, const ChunkedLayo
   const Real* k = b.qk + n * l.dkp;
   // A(i, p) = K[p][i]: a_row = 1, a_col = dkp.
   gemm<Real, true>(dk, l.dvp, n, k, 1, l.dkp, b.vnew, l.dvp, state, l.dvp, b.eG[n - 1], kFull,
-                   b.bf16);
+                   b.bf16, {b.k_words, nullptr});
 }
 
 // Value heads [h0, h0 + heads) of sequence s: within one key head's group, or the whole groups
@@ -322,7 +356,16 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
   const std::int64_t dk = p.shape.dk, dv = p.shape.dv, c = p.chunk_size;
   const ChunkedLayout l = chunked_layout(dk, dv, c, heads);
   ChunkBuffers<Real> b(workspace, l);
-  if (p.bf16_operands) b.bf16 = reinterpret_cast<Real*>(workspace) + l.total;
+  if (p.bf16_operands) {
+    b.bf16 = reinterpret_cast<Real*>(workspace) + l.total;
+#if defined(__AVX512BF16__)
+    const Bf16KeyWords w = bf16_key_words(dk, dv, c);
+    auto* words = reinterpret_cast<std::uint32_t*>(b.bf16);
+    b.qk_words = words + w.qk;
+    b.kt_words = words + w.kt;
+    b.k_words = words + w.k;
+#endif
+  }
   const std::int64_t state_size = dk * l.dvp;
   StageClock clock;
   // Residuals larger than a cache go out with non-temporal stores: no read of each line before
@@ -349,6 +392,7 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
       const std::int64_t h_begin = h0 > kh * p.group ? h0 : kh * p.group;
       const std::int64_t h_end = min64(h0 + heads, (kh + 1) * p.group);
       chunk_pack_qk<Real, In>(p, seq, kh, t0, n, l, b, with_o);
+      chunk_pack_words(n, dk, l, b, with_o);
       // What this key head's part of the chunk writes, then what its part of the next one
       // reads, in the order they are needed.
       prefetch_queue().clear();

@@ -141,6 +141,13 @@ inline void round_row_to_bf16(float* dst, const float* src, std::int64_t stride,
   for (; e < len; ++e) dst[e] = round_to_bf16(src[e * stride]);
 }
 
+// Operands a caller packed once for several products (gemm_bf16-inl.h: pack_bf16_a,
+// pack_bf16_b; the avx512_bf16 variant only); null: gemm packs its own.
+struct PackedOperands {
+  const std::uint32_t* a = nullptr;
+  const std::uint32_t* b = nullptr;
+};
+
 #if defined(__AVX512BF16__)
 #include "cpu/gemm_bf16-inl.h"
 #endif
@@ -156,12 +163,14 @@ inline void round_row_to_bf16(float* dst, const float* src, std::int64_t stride,
 template <class Real, bool Accumulate>
 void gemm(std::int64_t m, std::int64_t n, std::int64_t kdim, const Real* a, std::int64_t a_row,
           std::int64_t a_col, const Real* b, std::int64_t ldb, Real* c, std::int64_t ldc,
-          Real c_scale = 1, unsigned shape = kFull, Real* bf16_scratch = nullptr) {
+          Real c_scale = 1, unsigned shape = kFull, Real* bf16_scratch = nullptr,
+          PackedOperands packed = {}) {
+  (void)packed;  // read by the vdpbf16ps form only: the emulation rounds a and b itself
   if constexpr (sizeof(Real) == 4) {
     if (bf16_scratch != nullptr) {
 #if defined(__AVX512BF16__)
       gemm_bf16_dot<Accumulate>(m, n, kdim, a, a_row, a_col, b, ldb, c, ldc, c_scale, shape,
-                                bf16_scratch);
+                                bf16_scratch, packed);
       return;
 #endif
       Real* ra = bf16_scratch;

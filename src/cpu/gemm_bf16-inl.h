@@ -168,13 +168,38 @@ inline void dot_tile_dispatch(int mr, int nv, std::int64_t kq, const std::uint32
   dot_tile<MR, NV, Accumulate>(kq, pa, pa_row, pa_q, pb, ldpb, c, ldc, c_scale);
 }
 
+// The words of A as gemm_bf16_dot packs them, for a caller that multiplies the same A more
+// than once (the chunk's [Q;K] and K, once per key head): A read along its rows (a_col = 1)
+// into dst [m][padded(kq)] (pack_pairs_along), or read transposed (a_row = 1) into dst
+// [kq][padded(m)] (pack_pairs_down). dst holds bf16_words_of_a(m, kdim) words.
+inline std::int64_t bf16_words_of_a(std::int64_t m, std::int64_t kdim) {
+  const std::int64_t kq = (kdim + 1) / 2;
+  const std::int64_t along = m * padded(kq), down = kq * padded(m);
+  return along > down ? along : down;
+}
+inline void pack_bf16_a(std::uint32_t* dst, std::int64_t m, std::int64_t kdim, const float* a,
+                        std::int64_t a_row, std::int64_t a_col) {
+  if (a_row == 1 && a_col != 1) {
+    pack_pairs_down(dst, padded(m), a, a_col, kdim, m, kFull);
+  } else {
+    pack_pairs_along(dst, padded((kdim + 1) / 2), a, a_row, m, kdim, kFull);
+  }
+}
+// The words of B (kdim x n, rows ldb apart) as gemm_bf16_dot packs them: dst [kq][n].
+inline void pack_bf16_b(std::uint32_t* dst, std::int64_t n, std::int64_t kdim, const float* b,
+                        std::int64_t ldb) {
+  pack_pairs_down(dst, n, b, ldb, kdim, n, kFull);
+}
+
 // gemm()'s bf16-operand form (same contract) on vdpbf16ps. The scratch holds A's words
 // (m x padded(kq), or kq x padded(m)) then B's (kq x n): within bf16_scratch_elements, which
-// has room for two float copies.
+// has room for two float copies. An operand in `packed` (kFull only) is taken as it is: the
+// words pack_bf16_a / pack_bf16_b made of the same a or b, so the products are bit-identical.
 template <bool Accumulate>
 void gemm_bf16_dot(std::int64_t m, std::int64_t n, std::int64_t kdim, const float* a,
                    std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb,
-                   float* c, std::int64_t ldc, float c_scale, unsigned shape, float* scratch) {
+                   float* c, std::int64_t ldc, float c_scale, unsigned shape, float* scratch,
+                   PackedOperands packed) {
   constexpr int L = 16;
   // The register tile, rows x vectors of C: 4 x 4 beat the float32 tile's 8 x 2, and 6 x 4,
   // 8 x 3, 12 x 2, by 2-3 % in the forward and 2-5 % in the backward on Zen 4
@@ -182,25 +207,34 @@ void gemm_bf16_dot(std::int64_t m, std::int64_t n, std::int64_t kdim, const floa
   constexpr int MR = 4, NV = 4;
   static_assert(kLanes<float> == L, "the avx512_bf16 variant has 16 float lanes");
   const std::int64_t kq = (kdim + 1) / 2;
-  auto* pa = reinterpret_cast<std::uint32_t*>(scratch);
-  std::int64_t pa_row, pa_q, a_words;
+  auto* words = reinterpret_cast<std::uint32_t*>(scratch);
+  std::uint32_t* pa = packed.a != nullptr ? const_cast<std::uint32_t*>(packed.a) : words;
+  std::int64_t pa_row, pa_q, a_words = 0;
   if (a_row == 1 && a_col != 1) {  // A read transposed: its columns are contiguous
     pa_row = 1;
     pa_q = padded(m);
-    a_words = kq * pa_q;
-    pack_pairs_down(pa, pa_q, a, a_col, kdim, m, shape);
+    if (packed.a == nullptr) {
+      a_words = kq * pa_q;
+      pack_pairs_down(pa, pa_q, a, a_col, kdim, m, shape);
+    }
   } else {
     pa_row = padded(kq);
     pa_q = 1;
-    a_words = m * pa_row;
-    if (a_col == 1) {
-      pack_pairs_along(pa, pa_row, a, a_row, m, kdim, shape);
-    } else {
-      pack_pairs_strided(pa, pa_row, a, a_row, a_col, m, kdim, shape);
+    if (packed.a == nullptr) {
+      a_words = m * pa_row;
+      if (a_col == 1) {
+        pack_pairs_along(pa, pa_row, a, a_row, m, kdim, shape);
+      } else {
+        pack_pairs_strided(pa, pa_row, a, a_row, a_col, m, kdim, shape);
+      }
     }
   }
-  std::uint32_t* pb = pa + padded(a_words);
-  pack_pairs_down(pb, n, b, ldb, kdim, n, kFull);
+  const std::uint32_t* pb = packed.b;
+  if (pb == nullptr) {
+    std::uint32_t* own = words + padded(a_words);
+    pack_pairs_down(own, n, b, ldb, kdim, n, kFull);
+    pb = own;
+  }
 
   const std::int64_t nvec = n / L;
   PrefetchQueue& prefetch = prefetch_queue();
