@@ -98,8 +98,9 @@ void chunk_pack_qk(const detail::ForwardProblem& p, const detail::Sequence& seq,
                 static_cast<Real>(1), inv_norms != nullptr ? inv_norms + n + i : nullptr);
   }
   // K^T [Dk][cp], columns past n zero, by in-register block transposes (a scalar transpose
-  // took 2.4 of the 9.7 us the packing needed at C = 64, Dk = 128, float, AVX-512).
-  transpose_into(k, n, l.dkp, dk, b.kt, l.cp, l.cp);
+  // took 2.4 of the 9.7 us the packing needed at C = 64, Dk = 128, float, AVX-512). The
+  // products of a chunk with pre-packed words read K^T's words instead (chunk_pack_words).
+  if (b.kt_words == nullptr) transpose_into(k, n, l.dkp, dk, b.kt, l.cp, l.cp);
 }
 
 // The pre-packed words of [Q;K] from row `row` on (null where nothing was pre-packed).
@@ -111,17 +112,19 @@ const std::uint32_t* qk_words_from(const ChunkBuffers<Real>& b, std::int64_t row
 // With vdpbf16ps and bf16 operands, packs the key head's operands that several products read
 // once per chunk ([Q;K]: chunk_gram and each value head's chunk_wy; K^T: chunk_gram's two
 // products; K transposed: each value head's chunk_state), the same words each product would
-// pack for itself. With with_q = false only K's rows of [Q;K].
+// pack for itself. With with_q = false only K's rows of [Q;K]. K^T's word (q, j) is
+// (K[j][2q], K[j][2q + 1]), the along-word (j, q) of K's rows: a transpose of those words,
+// moved as float lanes (bits unchanged), with zeros past row n, as the float K^T holds.
 template <class Real>
 void chunk_pack_words(std::int64_t n, std::int64_t dk, const ChunkedLayout& l,
                       ChunkBuffers<Real>& b, bool with_q) {
 #if defined(__AVX512BF16__)
   if constexpr (sizeof(Real) == 4) {
     if (b.qk_words == nullptr) return;
-    const std::int64_t first = with_q ? 0 : n;
-    pack_bf16_a(b.qk_words + first * padded((dk + 1) / 2), 2 * n - first, dk, b.qk + first * l.dkp,
-                l.dkp, 1);
-    pack_bf16_b(b.kt_words, l.cp, dk, b.kt, l.cp);
+    const std::int64_t first = with_q ? 0 : n, kq = (dk + 1) / 2, row = padded(kq);
+    pack_bf16_a(b.qk_words + first * row, 2 * n - first, dk, b.qk + first * l.dkp, l.dkp, 1);
+    transpose_into(reinterpret_cast<const float*>(b.qk_words + n * row), n, row, kq,
+                   reinterpret_cast<float*>(b.kt_words), l.cp, l.cp);
     pack_bf16_a(b.k_words, dk, n, b.qk + n * l.dkp, 1, l.dkp);
   }
 #else
