@@ -175,9 +175,13 @@ void chunk_kkt(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b, bo
   // diff holds row i of D: D_ij = g_(j+1) + ... + g_i for j < i, 0 at j = i, -inf past i.
   fill<Real>(b.diff, l.cp, -__builtin_huge_val());
   for (std::int64_t i = 0; i < n; ++i) {
-    for (std::int64_t j = 0; j < l.cp; j += W) store(b.diff + j, load(b.diff + j) + b.g[i]);
-    b.diff[i] = 0;
     const Vec<Real> row_i = splat(static_cast<Real>(i));
+    // Row i from row i - 1, its 0 at j = i set in the vector: a scalar store into a vector
+    // that the next row loads cannot be forwarded to that load, which then waits for it.
+    for (std::int64_t j = 0; j < l.cp; j += W) {
+      const Vec<Real> d = load(b.diff + j) + b.g[i];
+      store(b.diff + j, lanes + static_cast<Real>(j) == row_i ? zero : d);
+    }
     const Real beta_i = b.beta[i];
     const Real* qk_row = b.gram + i * l.cp;
     const Real* kk_row = b.gram + (n + i) * l.cp;
