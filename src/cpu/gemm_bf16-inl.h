@@ -193,8 +193,9 @@ inline void pack_bf16_b(std::uint32_t* dst, std::int64_t n, std::int64_t kdim, c
 
 // gemm()'s bf16-operand form (same contract) on vdpbf16ps. The scratch holds A's words
 // (m x padded(kq), or kq x padded(m)) then B's (kq x n): within bf16_scratch_elements, which
-// has room for two float copies. An operand in `packed` (kFull only) is taken as it is: the
-// words pack_bf16_a / pack_bf16_b made of the same a or b, so the products are bit-identical.
+// has room for two float copies. An operand in `packed` is taken as it is (A only where the
+// shape declares no zero triangle in it): the words pack_bf16_a / pack_bf16_b made of the same
+// a or b, so the products are bit-identical.
 template <bool Accumulate>
 void gemm_bf16_dot(std::int64_t m, std::int64_t n, std::int64_t kdim, const float* a,
                    std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb,
@@ -208,24 +209,26 @@ void gemm_bf16_dot(std::int64_t m, std::int64_t n, std::int64_t kdim, const floa
   static_assert(kLanes<float> == L, "the avx512_bf16 variant has 16 float lanes");
   const std::int64_t kq = (kdim + 1) / 2;
   auto* words = reinterpret_cast<std::uint32_t*>(scratch);
-  std::uint32_t* pa = packed.a != nullptr ? const_cast<std::uint32_t*>(packed.a) : words;
+  // Pre-packed words of A hold no zero triangle, so a triangular A is packed here regardless.
+  const bool a_given = packed.a != nullptr && (shape & (kLowerA | kUpperA)) == 0;
+  const std::uint32_t* pa = a_given ? packed.a : words;
   std::int64_t pa_row, pa_q, a_words = 0;
   if (a_row == 1 && a_col != 1) {  // A read transposed: its columns are contiguous
     pa_row = 1;
     pa_q = padded(m);
-    if (packed.a == nullptr) {
+    if (!a_given) {
       a_words = kq * pa_q;
-      pack_pairs_down(pa, pa_q, a, a_col, kdim, m, shape);
+      pack_pairs_down(words, pa_q, a, a_col, kdim, m, shape);
     }
   } else {
     pa_row = padded(kq);
     pa_q = 1;
-    if (packed.a == nullptr) {
+    if (!a_given) {
       a_words = m * pa_row;
       if (a_col == 1) {
-        pack_pairs_along(pa, pa_row, a, a_row, m, kdim, shape);
+        pack_pairs_along(words, pa_row, a, a_row, m, kdim, shape);
       } else {
-        pack_pairs_strided(pa, pa_row, a, a_row, a_col, m, kdim, shape);
+        pack_pairs_strided(words, pa_row, a, a_row, a_col, m, kdim, shape);
       }
     }
   }
