@@ -4,7 +4,8 @@
 // and gdn::ref::recurrent_fwd (tests/cpu/forward_test.cc); benchmark: `gdn bench`.
 //
 // Per chunk of n <= C tokens, S = state entering the chunk (docs/math.md, section 3):
-//   chunk_pack_qk  Q = scale * q (normalised), K, K^T                  once per key head
+//   chunk_pack_qk  Q = scale * q (normalised), K, K^T (with vdpbf16ps    once per key head
+//                  and bf16 operands: [Q;K], K^T and K as bf16 pair words)
 //   chunk_gram     [Q;K] K^T (lower triangles)                         once per key head
 //   chunk_pack_v   V, beta, g, G = cumsum(g), e^G                      per value head
 //   chunk_kkt      P = (Q K^T . Gamma) incl. diagonal and
@@ -75,8 +76,39 @@ struct ChunkBuffers {
   }
 };
 
+// The pre-packed words of [Q;K] from row `first` on (null where nothing was pre-packed).
+template <class Real>
+const std::uint32_t* qk_words_from(const ChunkBuffers<Real>& b, std::int64_t first,
+                                   std::int64_t dk) {
+  return b.qk_words == nullptr ? nullptr : b.qk_words + first * bf16_words_per_row(dk);
+}
+
+// With vdpbf16ps and bf16 operands (chunk_pack_qk, when the buffers have qk_words), packs
+// the key head's operands that several products read once per chunk ([Q;K]: chunk_gram and each
+// value head's chunk_wy; K^T: chunk_gram's two products; K transposed: each value head's
+// chunk_state), the same words each product would pack for itself. With with_q = false only K's
+// rows of [Q;K]. K^T's word (q, j) is (K[j][2q], K[j][2q + 1]), the along-word (j, q) of K's rows:
+// a transpose of those words, moved as float lanes (bits unchanged), with zeros past row n, as the
+// float K^T holds.
+template <class Real>
+void chunk_pack_words(std::int64_t n, std::int64_t dk, const ChunkedLayout& l,
+                      ChunkBuffers<Real>& b, bool with_q) {
+#if defined(__AVX512BF16__)
+  if constexpr (sizeof(Real) == 4) {
+    const std::int64_t first = with_q ? 0 : n, stride = bf16_words_per_row(dk);
+    pack_bf16_a(b.qk_words + first * stride, 2 * n - first, dk, b.qk + first * l.dkp, l.dkp, 1);
+    transpose_into(reinterpret_cast<const float*>(b.qk_words + n * stride), n, stride, (dk + 1) / 2,
+                   reinterpret_cast<float*>(b.kt_words), l.cp, l.cp);
+    pack_bf16_a(b.k_words, dk, n, b.qk + n * l.dkp, 1, l.dkp);
+  }
+#else
+  (void)n, (void)dk, (void)l, (void)b, (void)with_q;
+#endif
+}
+
 // Gathers the q and k rows of the n tokens of the chunk starting at token t0 for key head hk:
-// Q rows 0..n-1 (normalised and scaled), K rows n..2n-1, and K^T. Padding is zero.
+// Q rows 0..n-1 (normalised and scaled), K rows n..2n-1, and K^T (in the buffers' qk_words,
+// kt_words and k_words too where they are set, and then K^T only there). Padding is zero.
 // With with_q = false the Q rows are left unwritten: a step without its output (the forward
 // asked for no o, the backward's rebuild) never reads them. With inv_norms (the backward;
 // with_q, l2norm) the rows' inverse L2 norms go to inv_norms[0..n) (q) and [n..2n) (k).
@@ -98,42 +130,18 @@ void chunk_pack_qk(const detail::ForwardProblem& p, const detail::Sequence& seq,
                 static_cast<Real>(1), inv_norms != nullptr ? inv_norms + n + i : nullptr);
   }
   // K^T [Dk][cp], columns past n zero, by in-register block transposes (a scalar transpose
-  // took 2.4 of the 9.7 us the packing needed at C = 64, Dk = 128, float, AVX-512). The
-  // products of a chunk with pre-packed words read K^T's words instead (chunk_pack_words).
-  if (b.kt_words == nullptr) transpose_into(k, n, l.dkp, dk, b.kt, l.cp, l.cp);
-}
-
-// The pre-packed words of [Q;K] from row `row` on (null where nothing was pre-packed).
-template <class Real>
-const std::uint32_t* qk_words_from(const ChunkBuffers<Real>& b, std::int64_t row, std::int64_t dk) {
-  return b.qk_words == nullptr ? nullptr : b.qk_words + row * padded((dk + 1) / 2);
-}
-
-// With vdpbf16ps and bf16 operands, packs the key head's operands that several products read
-// once per chunk ([Q;K]: chunk_gram and each value head's chunk_wy; K^T: chunk_gram's two
-// products; K transposed: each value head's chunk_state), the same words each product would
-// pack for itself. With with_q = false only K's rows of [Q;K]. K^T's word (q, j) is
-// (K[j][2q], K[j][2q + 1]), the along-word (j, q) of K's rows: a transpose of those words,
-// moved as float lanes (bits unchanged), with zeros past row n, as the float K^T holds.
-template <class Real>
-void chunk_pack_words(std::int64_t n, std::int64_t dk, const ChunkedLayout& l,
-                      ChunkBuffers<Real>& b, bool with_q) {
-#if defined(__AVX512BF16__)
-  if constexpr (sizeof(Real) == 4) {
-    if (b.qk_words == nullptr) return;
-    const std::int64_t first = with_q ? 0 : n, kq = (dk + 1) / 2, row = padded(kq);
-    pack_bf16_a(b.qk_words + first * row, 2 * n - first, dk, b.qk + first * l.dkp, l.dkp, 1);
-    transpose_into(reinterpret_cast<const float*>(b.qk_words + n * row), n, row, kq,
-                   reinterpret_cast<float*>(b.kt_words), l.cp, l.cp);
-    pack_bf16_a(b.k_words, dk, n, b.qk + n * l.dkp, 1, l.dkp);
+  // took 2.4 of the 9.7 us the packing needed at C = 64, Dk = 128, float, AVX-512); the
+  // products that take pre-packed words read K^T's words instead, so the floats are skipped.
+  if (b.qk_words != nullptr) {
+    chunk_pack_words(n, dk, l, b, with_q);
+  } else {
+    transpose_into(k, n, l.dkp, dk, b.kt, l.cp, l.cp);
   }
-#else
-  (void)n, (void)dk, (void)l, (void)b, (void)with_q;
-#endif
 }
 
 // gram = [Q;K] K^T, lower triangles only (the rest of the tiles wholly above the diagonal is
 // left unwritten and never read unmasked). With with_q = false only K K^T (rows n..2n-1).
+// With pre-packed words gemm reads [Q;K] and K^T from them (b.kt is then not formed).
 template <class Real>
 void chunk_gram(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBuffers<Real>& b,
                 bool with_q = true) {
@@ -219,11 +227,15 @@ void chunk_kkt(std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b, bo
 // kSolveRows rows are solved together: each vector of an earlier row is loaded once for all
 // of them, and the group's rows give kSolveRows times the independent chains. The group's own
 // rows are applied last, in order, so every element still subtracts its terms in the order
-// j = c0, c0 + 1, ..., i - 1: the same sums, bit for bit, as one row at a time. Measured at
+// j = c0, c0 + 1, ..., i - 1: the same sums, bit for bit, as one row at a time, for finite L
+// (the terms skipped past an earlier row's diagonal are exact zeros; an infinite L_ij made
+// them NaN one row at a time, so a chunk with an infinite L can differ there). Measured at
 // C = 64, float, AVX-512: 5.6 us per chunk updating the row in memory (every j waits on the
 // previous store), 1.5 us with register accumulation one row at a time.
 inline constexpr int kSolveBlock = 4;
-inline constexpr int kSolveRows = GDN_VECTOR_BYTES == 64 ? 4 : 2;  // 16 vector registers: 2
+// kSolveRows x kSolveBlock accumulators and kSolveBlock loaded vectors must fit the register
+// file: 20 of AVX-512's 32, 12 of AVX2's 16.
+inline constexpr int kSolveRows = GDN_VECTOR_BYTES == 64 ? 4 : 2;
 
 // The terms of the rows j < i0 whose diagonal lies in vector Seg of the block (j in
 // [c0 + Seg W, c0 + (Seg + 1) W); for the last vector, every j from there on), then the next
@@ -366,11 +378,13 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
   if (p.bf16_operands) {
     b.bf16 = reinterpret_cast<Real*>(workspace) + l.total;
 #if defined(__AVX512BF16__)
-    const Bf16KeyWords w = bf16_key_words(dk, dv, c);
-    auto* words = reinterpret_cast<std::uint32_t*>(b.bf16);
-    b.qk_words = words + w.qk;
-    b.kt_words = words + w.kt;
-    b.k_words = words + w.k;
+    if constexpr (sizeof(Real) == 4) {  // bf16 operands multiply on vdpbf16ps: float32 only
+      const Bf16KeyWords w = bf16_key_words(dk, dv, c);
+      auto* words = reinterpret_cast<std::uint32_t*>(b.bf16);
+      b.qk_words = words + w.qk;
+      b.kt_words = words + w.kt;
+      b.k_words = words + w.k;
+    }
 #endif
   }
   const std::int64_t state_size = dk * l.dvp;
@@ -399,7 +413,6 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
       const std::int64_t h_begin = h0 > kh * p.group ? h0 : kh * p.group;
       const std::int64_t h_end = min64(h0 + heads, (kh + 1) * p.group);
       chunk_pack_qk<Real, In>(p, seq, kh, t0, n, l, b, with_o);
-      chunk_pack_words(n, dk, l, b, with_o);
       // What this key head's part of the chunk writes, then what its part of the next one
       // reads, in the order they are needed.
       prefetch_queue().clear();

@@ -138,7 +138,7 @@ std::size_t forward_workspace_bytes(const detail::ForwardProblem& p, std::int64_
   const std::int64_t elem = static_cast<std::int64_t>(dtype_size(p.shape.compute_dtype));
   const std::int64_t chunked =
       chunked_layout(p.shape.dk, p.shape.dv, p.chunk_size, heads).total +
-      (p.bf16_operands ? bf16_scratch_elements(p.shape.dk, p.shape.dv, p.chunk_size) : 0);
+      (p.bf16_operands ? bf16_key_words(p.shape.dk, p.shape.dv, p.chunk_size).end : 0);
   const std::int64_t recurrent = recurrent_layout(p.shape.dk, p.shape.dv).total;
   return static_cast<std::size_t>((chunked > recurrent ? chunked : recurrent) * elem);
 }

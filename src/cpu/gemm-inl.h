@@ -141,8 +141,8 @@ inline void round_row_to_bf16(float* dst, const float* src, std::int64_t stride,
   for (; e < len; ++e) dst[e] = round_to_bf16(src[e * stride]);
 }
 
-// Operands a caller packed once for several products (gemm_bf16-inl.h: pack_bf16_a,
-// pack_bf16_b; the avx512_bf16 variant only); null: gemm packs its own.
+// Operands a caller packed once as bf16 pair words for several products (the avx512_bf16
+// variant only; gemm_bf16-inl.h: gemm_bf16_dot says which words); null: gemm packs its own.
 struct PackedOperands {
   const std::uint32_t* a = nullptr;
   const std::uint32_t* b = nullptr;

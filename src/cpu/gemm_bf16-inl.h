@@ -168,34 +168,33 @@ inline void dot_tile_dispatch(int mr, int nv, std::int64_t kq, const std::uint32
   dot_tile<MR, NV, Accumulate>(kq, pa, pa_row, pa_q, pb, ldpb, c, ldc, c_scale);
 }
 
-// The words of A as gemm_bf16_dot packs them, for a caller that multiplies the same A more
-// than once (the chunk's [Q;K] and K, once per key head): A read along its rows (a_col = 1)
-// into dst [m][padded(kq)] (pack_pairs_along), or read transposed (a_row = 1) into dst
-// [kq][padded(m)] (pack_pairs_down). dst holds bf16_words_of_a(m, kdim) words.
-inline std::int64_t bf16_words_of_a(std::int64_t m, std::int64_t kdim) {
-  const std::int64_t kq = (kdim + 1) / 2;
-  const std::int64_t along = m * padded(kq), down = kq * padded(m);
-  return along > down ? along : down;
-}
-inline void pack_bf16_a(std::uint32_t* dst, std::int64_t m, std::int64_t kdim, const float* a,
-                        std::int64_t a_row, std::int64_t a_col) {
+// A's words as gemm_bf16_dot reads them, the shape's zero triangle packed as zeros: read
+// transposed (a_row = 1, a_col != 1) into dst [kq][padded(m)], else into dst
+// [m][bf16_words_per_row(kdim)]. Returns the words written. gemm_bf16_dot packs its A with it,
+// and a caller that multiplies the same A more than once (the forward's [Q;K] and K, once per
+// key head and chunk) packs it with it once and passes the words in PackedOperands.
+inline std::int64_t pack_bf16_a(std::uint32_t* dst, std::int64_t m, std::int64_t kdim,
+                                const float* a, std::int64_t a_row, std::int64_t a_col,
+                                unsigned shape = kFull) {
   if (a_row == 1 && a_col != 1) {
-    pack_pairs_down(dst, padded(m), a, a_col, kdim, m, kFull);
-  } else {
-    pack_pairs_along(dst, padded((kdim + 1) / 2), a, a_row, m, kdim, kFull);
+    pack_pairs_down(dst, padded(m), a, a_col, kdim, m, shape);
+    return (kdim + 1) / 2 * padded(m);
   }
-}
-// The words of B (kdim x n, rows ldb apart) as gemm_bf16_dot packs them: dst [kq][n].
-inline void pack_bf16_b(std::uint32_t* dst, std::int64_t n, std::int64_t kdim, const float* b,
-                        std::int64_t ldb) {
-  pack_pairs_down(dst, n, b, ldb, kdim, n, kFull);
+  const std::int64_t row = bf16_words_per_row(kdim);
+  if (a_col == 1) {
+    pack_pairs_along(dst, row, a, a_row, m, kdim, shape);
+  } else {
+    pack_pairs_strided(dst, row, a, a_row, a_col, m, kdim, shape);
+  }
+  return m * row;
 }
 
 // gemm()'s bf16-operand form (same contract) on vdpbf16ps. The scratch holds A's words
 // (m x padded(kq), or kq x padded(m)) then B's (kq x n): within bf16_scratch_elements, which
 // has room for two float copies. An operand in `packed` is taken as it is (A only where the
-// shape declares no zero triangle in it): the words pack_bf16_a / pack_bf16_b made of the same
-// a or b, so the products are bit-identical.
+// shape declares no zero triangle in it): it must hold the words this function would pack of
+// the same a or b (pack_bf16_a; for B, pack_pairs_down's layout), so the products are
+// bit-identical.
 template <bool Accumulate>
 void gemm_bf16_dot(std::int64_t m, std::int64_t n, std::int64_t kdim, const float* a,
                    std::int64_t a_row, std::int64_t a_col, const float* b, std::int64_t ldb,
@@ -207,31 +206,14 @@ void gemm_bf16_dot(std::int64_t m, std::int64_t n, std::int64_t kdim, const floa
   // (docs/perf_matmul.md).
   constexpr int MR = 4, NV = 4;
   static_assert(kLanes<float> == L, "the avx512_bf16 variant has 16 float lanes");
-  const std::int64_t kq = (kdim + 1) / 2;
   auto* words = reinterpret_cast<std::uint32_t*>(scratch);
   // Pre-packed words of A hold no zero triangle, so a triangular A is packed here regardless.
   const bool a_given = packed.a != nullptr && (shape & (kLowerA | kUpperA)) == 0;
+  const bool a_down = a_row == 1 && a_col != 1;  // A read transposed: its columns contiguous
+  const std::int64_t pa_row = a_down ? 1 : bf16_words_per_row(kdim);
+  const std::int64_t pa_q = a_down ? padded(m) : 1;
+  const std::int64_t a_words = a_given ? 0 : pack_bf16_a(words, m, kdim, a, a_row, a_col, shape);
   const std::uint32_t* pa = a_given ? packed.a : words;
-  std::int64_t pa_row, pa_q, a_words = 0;
-  if (a_row == 1 && a_col != 1) {  // A read transposed: its columns are contiguous
-    pa_row = 1;
-    pa_q = padded(m);
-    if (!a_given) {
-      a_words = kq * pa_q;
-      pack_pairs_down(words, pa_q, a, a_col, kdim, m, shape);
-    }
-  } else {
-    pa_row = padded(kq);
-    pa_q = 1;
-    if (!a_given) {
-      a_words = m * pa_row;
-      if (a_col == 1) {
-        pack_pairs_along(words, pa_row, a, a_row, m, kdim, shape);
-      } else {
-        pack_pairs_strided(words, pa_row, a, a_row, a_col, m, kdim, shape);
-      }
-    }
-  }
   const std::uint32_t* pb = packed.b;
   if (pb == nullptr) {
     std::uint32_t* own = words + padded(a_words);

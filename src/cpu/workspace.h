@@ -72,28 +72,36 @@ static constexpr ChunkedLayout chunked_layout(std::int64_t dk, std::int64_t dv, 
 // Scratch for bf16 matrix operands (ForwardProblem::bf16_operands), after the forward's or
 // the backward's layout: one product's A and B rounded to bf16 (src/cpu/gemm-inl.h). Every
 // product of the chunk has m, k, n <= max(dkp, dvp, 2 cp).
-// After it, with vdpbf16ps, the words of a key head's operands that several products read,
-// packed once per chunk (chunked_fwd-inl.h: chunk_pack_words): [Q;K] along its rows
-// [2 cp][padded(kq)] (chunk_gram's and chunk_wy's A), K^T [kq][cp] (chunk_gram's B) and K read
-// transposed [cp / 2][dkp] (chunk_state's A); kq = ceil(Dk / 2). Offsets in 4-byte elements
-// from the scratch's start.
+static constexpr std::int64_t bf16_scratch_elements(std::int64_t dk, std::int64_t dv,
+                                                    std::int64_t c) {
+  const std::int64_t dkp = padded(dk), dvp = padded(dv), c2 = 2 * padded(c);
+  const std::int64_t r = dkp > dvp ? (dkp > c2 ? dkp : c2) : (dvp > c2 ? dvp : c2);
+  return 2 * r * r + kPad;
+}
+
+// bf16 pair words (two bf16 along k in 4 bytes) in a row of an operand packed along k: kdim
+// elements, padded to whole vectors.
+static constexpr std::int64_t bf16_words_per_row(std::int64_t kdim) {
+  return padded((kdim + 1) / 2);
+}
+
+// The forward's scratch goes on with the words of a key head's operands that several products
+// read, packed once per chunk by the vdpbf16ps variant (chunked_fwd-inl.h: chunk_pack_words):
+// [Q;K] along its rows [2 cp][bf16_words_per_row(Dk)] (chunk_gram's and chunk_wy's A), K^T
+// [ceil(Dk / 2)][cp] (chunk_gram's B) and K read transposed [ceil(cp / 2)][dkp]
+// (chunk_state's A). Offsets in 4-byte elements from the scratch's start; `end` is the
+// forward's whole scratch.
 struct Bf16KeyWords {
   std::int64_t qk, kt, k, end;
 };
 static constexpr Bf16KeyWords bf16_key_words(std::int64_t dk, std::int64_t dv, std::int64_t c) {
-  const std::int64_t dkp = padded(dk), dvp = padded(dv), cp = padded(c), c2 = 2 * cp;
-  const std::int64_t r = dkp > dvp ? (dkp > c2 ? dkp : c2) : (dvp > c2 ? dvp : c2);
-  const std::int64_t kq = (dk + 1) / 2;
+  const std::int64_t cp = padded(c);
   Bf16KeyWords w{};
-  w.qk = 2 * r * r + kPad;
-  w.kt = w.qk + padded(c2 * padded(kq));
-  w.k = w.kt + padded(kq * cp);
-  w.end = w.k + padded((cp + 1) / 2 * dkp);
+  w.qk = bf16_scratch_elements(dk, dv, c);
+  w.kt = w.qk + padded(2 * cp * bf16_words_per_row(dk));
+  w.k = w.kt + padded((dk + 1) / 2 * cp);
+  w.end = w.k + padded((cp + 1) / 2 * padded(dk));
   return w;
-}
-static constexpr std::int64_t bf16_scratch_elements(std::int64_t dk, std::int64_t dv,
-                                                    std::int64_t c) {
-  return bf16_key_words(dk, dv, c).end;
 }
 
 // The backward's per-thread workspace for one item (a sequence and the `heads` value heads of
