@@ -409,6 +409,19 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
       }
     }
     chunk_pack_qk<Real, In>(p, seq, hk, t0, n, l, b, /*with_q=*/true, w.inv_norms);
+    // The rows the chunk before this one gathers (the chunks run back to front), asked for
+    // between this chunk's register tiles, in the order they are read.
+    prefetch_queue().clear();
+    if (index > 0) {
+      queue_tokens<In>(p.q, seq, t0 - c, c, hk, dk, false);
+      queue_tokens<In>(p.k, seq, t0 - c, c, hk, dk, false);
+      for (std::int64_t h = h0; h < h0 + heads; ++h) {
+        queue_tokens<In>(p.v, seq, t0 - c, c, h, dv, false);
+        queue_tokens<Real>(p.g, seq, t0 - c, c, h, 1, false);
+        queue_tokens<Real>(p.beta, seq, t0 - c, c, h, 1, false);
+        queue_tokens<In>(bp.d_o, seq, t0 - c, c, h, dv, false);
+      }
+    }
     clock.lap(Stage::pack_qk);
     chunk_gram(n, dk, l, b);
     fill<Real>(w.dqk, 2 * n * l.dkp, 0);
@@ -436,5 +449,6 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
   if (stream_rows<In, Real>(p.shape, p.shape.hv, dv) ||
       stream_rows<In, Real>(p.shape, p.shape.hk, dk))
     stream_fence();
+  prefetch_queue().clear();
   clock.lap(Stage::states);
 }
