@@ -412,16 +412,7 @@ void backward_item(const detail::BackwardProblem& bp, std::int64_t s, std::int64
     // The rows the chunk before this one gathers (the chunks run back to front), asked for
     // between this chunk's register tiles, in the order they are read.
     prefetch_queue().clear();
-    if (index > 0) {
-      queue_tokens<In>(p.q, seq, t0 - c, c, hk, dk, false);
-      queue_tokens<In>(p.k, seq, t0 - c, c, hk, dk, false);
-      for (std::int64_t h = h0; h < h0 + heads; ++h) {
-        queue_tokens<In>(p.v, seq, t0 - c, c, h, dv, false);
-        queue_tokens<Real>(p.g, seq, t0 - c, c, h, 1, false);
-        queue_tokens<Real>(p.beta, seq, t0 - c, c, h, 1, false);
-        queue_tokens<In>(bp.d_o, seq, t0 - c, c, h, dv, false);
-      }
-    }
+    if (index > 0) queue_chunk_rows<Real, In>(p, seq, t0 - c, c, hk, h0, h0 + heads, true, &bp.d_o);
     clock.lap(Stage::pack_qk);
     chunk_gram(n, dk, l, b);
     fill<Real>(w.dqk, 2 * n * l.dkp, 0);

@@ -170,6 +170,24 @@ void chunk_pack_v(const detail::ForwardProblem& p, const detail::Sequence& seq, 
   exp_row(b.eG, b.G, l.cp);
 }
 
+// Queues, for the products to prefetch (prefetch-inl.h), the rows chunk_pack_qk and
+// chunk_pack_v gather for the c tokens from t, in the order they read them: q (with_q) and k
+// of key head hk, then v, g and beta of each value head in [h_begin, h_end), each head's d_o
+// rows after them where d_o is given (the backward reads them next).
+template <class Real, class In>
+void queue_chunk_rows(const detail::ForwardProblem& p, const detail::Sequence& seq, std::int64_t t,
+                      std::int64_t c, std::int64_t hk, std::int64_t h_begin, std::int64_t h_end,
+                      bool with_q, const detail::TokenTensor<const std::byte*>* d_o = nullptr) {
+  if (with_q) queue_tokens<In>(p.q, seq, t, c, hk, p.shape.dk, false);
+  queue_tokens<In>(p.k, seq, t, c, hk, p.shape.dk, false);
+  for (std::int64_t h = h_begin; h < h_end; ++h) {
+    queue_tokens<In>(p.v, seq, t, c, h, p.shape.dv, false);
+    queue_tokens<Real>(p.g, seq, t, c, h, 1, false);
+    queue_tokens<Real>(p.beta, seq, t, c, h, 1, false);
+    if (d_o != nullptr) queue_tokens<In>(*d_o, seq, t, c, h, p.shape.dv, false);
+  }
+}
+
 // From the raw gram, this head's P (rows 0..n-1) and L (rows n..2n-1) in pl, each a full
 // padded row with zeros above the (strict) diagonal; then e^(G_last - G). With with_p = false
 // (a step that only advances the state, whose gram has no Q rows) neither P nor the
@@ -421,13 +439,7 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
           queue_tokens<In>(p.o, seq, t0, n, h, dv, true);
         }
       }
-      if (with_o) queue_tokens<In>(p.q, seq, t0 + c, c, kh, dk, false);
-      queue_tokens<In>(p.k, seq, t0 + c, c, kh, dk, false);
-      for (std::int64_t h = h_begin; h < h_end; ++h) {
-        queue_tokens<In>(p.v, seq, t0 + c, c, h, dv, false);
-        queue_tokens<Real>(p.g, seq, t0 + c, c, h, 1, false);
-        queue_tokens<Real>(p.beta, seq, t0 + c, c, h, 1, false);
-      }
+      queue_chunk_rows<Real, In>(p, seq, t0 + c, c, kh, h_begin, h_end, with_o);
       clock.lap(Stage::pack_qk);
       chunk_gram(n, dk, l, b, with_o);
       clock.lap(Stage::gram);
