@@ -178,6 +178,15 @@ def test_opcheck_both_conv_ops():
     torch.library.opcheck(torch.ops.gdn.conv_bwd.default, bargs)
 
 
+def test_opcheck_conv_update():
+    # the pool mutated in place (its schema's Tensor(a!)), rows picked by index
+    w, b = _rand(24, 4, seed=2, dtype=torch.float32), _rand(24, seed=3, dtype=torch.float32)
+    x = _rand(2, 24, 3, seed=5, dtype=torch.float32)
+    pool = _rand(5, 24, 4, seed=4, dtype=torch.float32)
+    args = (x, pool, w, b, torch.tensor([3, 0]), True, 0)
+    torch.library.opcheck(torch.ops.gdn.conv_update.default, args)
+
+
 def test_empty_batches_and_zero_tokens():
     w = _rand(8, 4, seed=2, dtype=torch.float32)
     for b, t in ((0, 5), (1, 0), (3, 0)):

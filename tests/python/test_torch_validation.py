@@ -94,9 +94,10 @@ CORE_RULES = [
     ("beta_integer_dtype", core(beta=CORE["beta"].to(torch.int32)), "beta", ["dtype"]),
     ("initial_state_shape", core(initial_state=torch.zeros(1, 2, 8, 5)), "initial_state",
      ["[1, 2, 8, 4]", "[1, 2, 8, 5]"]),
+    # the caller's [N, HV, V, K], not the transposed view the library sees
     ("initial_state_shape_state_v_first", core(initial_state=torch.zeros(1, 2, 8, 4),
                                                state_v_first=True), "initial_state",
-     ["[1, 2, 8, 4]", "[1, 2, 4, 8]"]),
+     ["expected [N, HV, V, K] = [1, 2, 4, 8]", "given [1, 2, 8, 4]"]),
     ("scale_nan", core(scale=float("nan")), "scale", ["finite", "nan"]),
     ("scale_infinite", core(scale=float("inf")), "scale", ["finite", "inf"]),
     ("scale_not_representable_in_float32", core(scale=1e39), "scale", ["float32"]),
@@ -127,6 +128,9 @@ RECURRENT_RULES = [
      "A_log", ["use_gate_in_kernel"]),
     ("gate_in_kernel_without_g", recurrent(g=None, use_gate_in_kernel=True, A_log=torch.zeros(2),
                                            dt_bias=torch.zeros(2)), "g", ["use_gate_in_kernel"]),
+    ("gate_in_kernel_A_log_shape", recurrent(use_gate_in_kernel=True, A_log=torch.zeros(3),
+                                             dt_bias=torch.zeros(2)), "A_log",
+     ["[HV] = [2]", "given [3]"]),
     ("threads_not_an_integer", recurrent(threads="all"), "threads", ["an integer"]),
     ("threads_negative", recurrent(threads=-1), "threads", ["1024", "-1"]),
     ("hv_not_multiple_of_hk", recurrent(q=HV3["q"], k=HV3["k"], v=HV3["v"]), "v",
@@ -253,6 +257,12 @@ UPDATE_RULES = [
     ("conv_state_indices_negative", dict(pool=rand(3, 24, 4),
                                          conv_state_indices=torch.tensor([-1, 1])),
      "conv_state_indices", ["[0, 3)", "[-1, 1]"]),
+    ("conv_state_indices_duplicate", dict(pool=rand(3, 24, 4),
+                                          conv_state_indices=torch.tensor([1, 1])),
+     "conv_state_indices", ["distinct rows", "given [1, 1]", "batch rows 0 and 1"]),
+    ("conv_state_integer_dtype", dict(pool=torch.zeros(2, 24, 4, dtype=torch.int32)),
+     "conv_state", ["floating-point", "int32"]),
+    ("conv_state_a_list", dict(pool=[[0.0]]), "conv_state", ["a tensor", "list"]),
     ("weight_taps_above_8", dict(weight=rand(24, 9), pool=rand(2, 24, 9)), "weight",
      ["K from 1 to 8"]),
 ]
@@ -266,10 +276,10 @@ def test_causal_conv1d_update_rejects_and_leaves_the_state(over, argument, words
     x = over.pop("x", CONV["x"][..., 0])
     weight = over.pop("weight", CONV["weight"])
     bias = over.pop("bias", CONV["bias"])
-    before = pool.clone()
+    before = pool.clone() if isinstance(pool, torch.Tensor) else None
     rejects(lambda: gdn.torch.causal_conv1d_update(x, pool, weight, bias, **over), argument,
             words)
-    assert torch.equal(pool, before)
+    assert before is None or torch.equal(pool, before)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,7 +336,7 @@ STEP_RULES = [
     ("cu_seqlens_past_t", dict(cu_seqlens=torch.tensor([0, 1, 5])), "cu_seqlens",
      ["at most T = 4"]),
     ("live_prefill_with_no_token", dict(cu_seqlens=torch.tensor([0, 1, 1])), "cu_seqlens",
-     ["at least one token for each prefill"]),
+     ["at least one token for each live sequence"]),
     ("qkv_width_not_the_head_layout", dict(qkv=rand(4, D + 1)), "qkv",
      ["D = 2 Hk Dk + Hv Dv = 24", "[4, 25]"]),
     ("hv_not_multiple_of_hk", dict(num_k_heads=2, num_v_heads=3), "num_v_heads",
@@ -347,6 +357,10 @@ STEP_RULES = [
      ["f32 or bf16", "f64"]),
     ("ssm_pool_not_contiguous", dict(pools=(pools()[0], rand(SLOTS, HV, DV, DK).transpose(2, 3))),
      "ssm_state", ["contiguous"]),
+    # a contiguous [num_slots, D, K - 1] tensor is not vLLM's view: told in its own layout
+    ("conv_pool_contiguous_in_vllms_shape", dict(pools=(rand(SLOTS, D, K - 1), pools()[1])),
+     "conv_state", ["[6, 3, 24]", "vLLM's [num_slots, D, K - 1] view", "strides [72, 1, 24]",
+                    "given [6, 24, 3] with strides [72, 3, 1]"]),
     ("ssm_pool_overlaps_an_input", dict(pools=overlapping_pools()), "ssm_state",
      ["does not overlap the input 'dt_bias'"]),
 ]

@@ -11,10 +11,12 @@
 - ``reference``: the library's float64 reference of both passes, for checking;
 - ``patch(model)``: a transformers Qwen3-Next / Qwen3.5 model's GatedDeltaNet layers on gdn.
 
-The ops are registered as ``torch.ops.gdn.chunk_fwd``, ``chunk_bwd``, ``conv_fwd``, ``conv_bwd``
-and ``step``, with fake kernels (``torch.compile(fullgraph=True)`` traces through them) and
-autograd formulas that call the C++ backward with what the forward saved (``step``, an
-inference call, has none). docs/torch.md explains them.
+The ops are registered as ``torch.ops.gdn.chunk_fwd``, ``chunk_bwd``, ``conv_fwd``,
+``conv_bwd``, ``conv_update``, ``step`` and ``fused_gdn_step``, with fake kernels
+(``torch.compile(fullgraph=True)`` traces through them) and autograd formulas that call the
+C++ backward with what the forward saved (the inference calls ``conv_update``, ``step`` and
+``fused_gdn_step`` have none). Checks of tensor values run in the ops' bodies, so a compiled
+graph raises what eager mode does. docs/torch.md explains them.
 """
 
 from gdn.torch import reference

@@ -1,11 +1,13 @@
 """The causal depthwise conv1d of a GatedDeltaNet layer on gdn's C++ kernels (``gdn/conv.h``):
 the custom ops ``gdn::conv_fwd`` / ``gdn::conv_bwd`` with their fake kernels and autograd
-formula, and the causal-conv1d package's ``causal_conv1d_fn`` and ``causal_conv1d_update``
-over them, in that package's [B, D, T] layout (what transformers' Qwen3-Next layer calls).
+formula, ``gdn::conv_update`` (a decode step on a pool of conv states, updated in place), and
+the causal-conv1d package's ``causal_conv1d_fn`` and ``causal_conv1d_update`` over them, in
+that package's [B, D, T] layout (what transformers' Qwen3-Next layer calls).
 
-The ops take the library's packed layout: x [T, D] (any strides), weight [D, K], bias [D],
-initial_state [N, K - 1, D], cu_seqlens [N + 1]; the functions turn the package's layout into
-it with views (a copy only where a [B, D, T] batch cannot be seen as [B * T, D]).
+conv_fwd and conv_bwd take the library's packed layout: x [T, D] (any strides), weight [D, K],
+bias [D], initial_state [N, K - 1, D], cu_seqlens [N + 1]; causal_conv1d_fn turns the package's
+layout into it with views (a copy only where a [B, D, T] batch cannot be seen as [B * T, D]).
+conv_update takes the package's layout and checks its pool and indices when it runs.
 """
 
 from typing import Optional
@@ -14,10 +16,14 @@ import torch
 from torch import Tensor
 
 from gdn import _gdn
-from gdn._options import static_int
-from gdn.torch._ops import check_devices, compute_dtype, eager_library_names, raw
+from gdn._options import library_names, static_int
+from gdn.torch._ops import check_devices, compute_dtype, raw
 
 ACTIVATIONS = (None, "silu", "swish")
+
+# The library's option names -> the ops' arguments, in its error messages (the ops' bodies
+# rename, so that a compiled graph raises what eager mode does).
+_OP_NAMES = {"options.threads": "threads"}
 
 
 def _forward_outputs(x, weight, initial_state, cu_seqlens, want_final_state, factory):
@@ -37,8 +43,10 @@ def conv_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], initial_state: O
     [0] tensor when not asked for)."""
     out, final = _forward_outputs(x, weight, initial_state, cu_seqlens, want_final_state,
                                   torch.empty)
-    _gdn.conv_forward(raw(x), raw(weight), raw(bias), raw(initial_state), raw(cu_seqlens),
-                      raw(out), raw(final) if want_final_state else None, silu, threads, False)
+    with library_names(_OP_NAMES):
+        _gdn.conv_forward(raw(x), raw(weight), raw(bias), raw(initial_state), raw(cu_seqlens),
+                          raw(out), raw(final) if want_final_state else None, silu, threads,
+                          False)
     return out, final
 
 
@@ -61,10 +69,12 @@ def conv_bwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], initial_state: O
     """(d_x, d_weight, d_bias, d_initial_state); the last two empty ([0]) without a bias or an
     initial state."""
     dx, dw, db, ds = _backward_outputs(x, weight, bias, initial_state, torch.empty)
-    _gdn.conv_backward(raw(x), raw(weight), raw(bias), raw(initial_state), raw(cu_seqlens),
-                       raw(d_out), raw(d_final_state), raw(dx), raw(dw),
-                       raw(db) if bias is not None else None,
-                       raw(ds) if initial_state is not None else None, silu, threads, False)
+    with library_names(_OP_NAMES):
+        _gdn.conv_backward(raw(x), raw(weight), raw(bias), raw(initial_state), raw(cu_seqlens),
+                           raw(d_out), raw(d_final_state), raw(dx), raw(dw),
+                           raw(db) if bias is not None else None,
+                           raw(ds) if initial_state is not None else None, silu, threads,
+                           False)
     return dx, dw, db, ds
 
 
@@ -115,8 +125,7 @@ def reference_backward(x, weight, bias, initial_state, cu_seqlens, d_out, d_fina
 # The causal-conv1d package's functions.
 # ---------------------------------------------------------------------------------------------
 
-# The library's names -> the functions' arguments, in its error messages.
-_FN_NAMES = {"initial_state": "initial_states", "options.threads": "threads"}
+# The library's names -> causal_conv1d_update's arguments, in its error messages.
 _UPDATE_NAMES = {"initial_state": "conv_state", "options.threads": "threads"}
 
 
@@ -250,8 +259,7 @@ def causal_conv1d_fn(
     w = weight.to(cdt)
     b = bias.to(cdt) if bias is not None else None
     want_final = bool(return_final_states)
-    with eager_library_names(_FN_NAMES):
-        out, final = conv_fwd(rows, w, b, state, cu, silu, threads, want_final)
+    out, final = conv_fwd(rows, w, b, state, cu, silu, threads, want_final)
     out = out.view(batch, tokens, channels).transpose(1, 2)
     if not want_final:
         return out
@@ -284,19 +292,23 @@ def causal_conv1d_update(
         including the new tokens.
       weight: [D, K] (or [D, 1, K]); bias: [D] or None; activation: None, "silu" or "swish".
       conv_state_indices: int32 / int64 [B], optional: the row of conv_state each batch row
-        continues (default: row b); every index in [0, B_pool).
+        continues (default: row b); every index in [0, B_pool), no row twice.
       cache_seqlens: circular state buffers are not supported (must be None).
       threads: CPU threads, 0 = all.
 
     Returns:
       out, shaped like x, in x's dtype.
 
+    One op, ``torch.ops.gdn.conv_update``: conv_state and the indices are checked when it runs,
+    before anything is written (a bad index raises the same ValueError in eager mode and under
+    ``torch.compile``, and leaves the pool as it was). Not differentiable (an inference step).
+
     Example::
 
         y = gdn.torch.causal_conv1d_update(x_t, conv_state, weight, bias, activation="silu")
     """
     check_devices(x=x, conv_state=conv_state, weight=weight, bias=bias,
-               conv_state_indices=conv_state_indices)
+                  conv_state_indices=conv_state_indices)
     if cache_seqlens is not None:
         raise ValueError("gdn: argument 'cache_seqlens': expected None (circular conv-state "
                          "buffers are not supported), given a tensor")
@@ -304,44 +316,91 @@ def causal_conv1d_update(
     threads = static_int(threads, "threads")
     weight = _weight_2d(weight)
     _check_x(x, weight, "x", (2, 3))
+    # The op's schema takes tensors; everything else about them is checked when it runs.
+    for name, t in (("conv_state", conv_state), ("conv_state_indices", conv_state_indices)):
+        if not isinstance(t, Tensor) and not (t is None and name == "conv_state_indices"):
+            raise ValueError(f"gdn: argument '{name}': expected a tensor, given "
+                             f"{type(t).__name__}")
     one_token = x.dim() == 2
-    if one_token:
-        x = x.unsqueeze(-1)
-    batch, channels, tokens = x.shape
-    k = weight.shape[-1]
+    out = conv_update(x.unsqueeze(-1) if one_token else x, conv_state, weight, bias,
+                      conv_state_indices, silu, threads)
+    return out.squeeze(-1) if one_token else out
+
+
+def _update_rows(x: Tensor, conv_state: Tensor, taps: int,
+                 conv_state_indices: Optional[Tensor]) -> Optional[Tensor]:
+    """The pool rows the batch continues (None: rows 0 .. B - 1), checked: the conv state's
+    shape and dtype, and the indices' dtype, length, range and distinctness (two batch rows on
+    one pool row would each write it, and one update would be lost)."""
+    batch, channels = x.shape[0], x.shape[1]
     if (conv_state.dim() != 3 or conv_state.shape[1] != channels
-            or conv_state.shape[2] < k - 1):
+            or conv_state.shape[2] < taps - 1):
         raise ValueError(f"gdn: argument 'conv_state': expected [B_pool, D, S] with D = "
-                         f"{channels} and S >= K - 1 = {k - 1}, given {list(conv_state.shape)}")
+                         f"{channels} and S >= K - 1 = {taps - 1}, given "
+                         f"{list(conv_state.shape)}")
+    if not conv_state.is_floating_point():
+        raise ValueError(f"gdn: argument 'conv_state': expected a floating-point dtype, given "
+                         f"{conv_state.dtype}")
     if conv_state_indices is None:
         if conv_state.shape[0] != batch:
             raise ValueError(f"gdn: argument 'conv_state': expected {batch} rows (one per row "
                              f"of x) without conv_state_indices, given {list(conv_state.shape)}")
-        rows = conv_state
-    else:
-        idx = conv_state_indices
-        if idx.dim() != 1 or idx.shape[0] != batch or idx.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"gdn: argument 'conv_state_indices': expected int32 [B] = "
-                             f"[{batch}], given {idx.dtype} {list(idx.shape)}")
-        if not torch.compiler.is_compiling() and batch > 0 and (
-                int(idx.min()) < 0 or int(idx.max()) >= conv_state.shape[0]):
-            raise ValueError(f"gdn: argument 'conv_state_indices': expected values in [0, "
-                             f"{conv_state.shape[0]}), given {idx.tolist()}")
-        rows = conv_state[idx.long()]
+        return None
+    idx = conv_state_indices
+    if idx.dim() != 1 or idx.shape[0] != batch or idx.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"gdn: argument 'conv_state_indices': expected int32 [B] = "
+                         f"[{batch}], given {idx.dtype} {list(idx.shape)}")
+    rows = idx.tolist()
+    pool = conv_state.shape[0]
+    if any(r < 0 or r >= pool for r in rows):
+        raise ValueError(f"gdn: argument 'conv_state_indices': expected values in [0, "
+                         f"{pool}), given {rows}")
+    first = {}
+    for b, r in enumerate(rows):
+        if r in first:
+            raise ValueError(f"gdn: argument 'conv_state_indices': expected distinct rows (each "
+                             f"pool row continued by one batch row), given {rows} (batch rows "
+                             f"{first[r]} and {b} both continue row {r})")
+        first[r] = b
+    return idx.long()
+
+
+@torch.library.custom_op("gdn::conv_update", mutates_args=("conv_state",), device_types="cpu")
+def conv_update(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Optional[Tensor],
+                conv_state_indices: Optional[Tensor], silu: bool, threads: int) -> Tensor:
+    """``causal_conv1d_update`` as one op, in the package's layout: x [B, D, L], the pool
+    conv_state [B_pool, D, S] updated in place, weight [D, K] (or [D, 1, K]), bias [D],
+    conv_state_indices [B] (None: row b). Returns out [B, D, L] in x's dtype (channel-last
+    strides). The pool and its indices are checked when the op runs, before anything is
+    written, so a compiled graph raises the same ValueError as eager mode."""
+    if x.dim() != 3:
+        raise ValueError(f"gdn: argument 'x': expected [B, D, L], given {list(x.shape)}")
+    batch, channels, tokens = x.shape
+    k = weight.shape[-1]
+    idx = _update_rows(x, conv_state, k, conv_state_indices)
+    rows = conv_state if idx is None else conv_state[idx]
     size = conv_state.shape[2]
     cdt = compute_dtype(x.dtype)
-    state = rows[:, :, size - (k - 1):].transpose(1, 2).to(cdt) if k > 1 else None
-    if batch == 0:
-        return x.new_empty(x.shape[:-1] if one_token else x.shape)
-    cu = torch.arange(batch + 1, dtype=torch.int64) * tokens
-    flat = x.transpose(1, 2).reshape(batch * tokens, channels)
-    with eager_library_names(_UPDATE_NAMES):
-        out, _ = conv_fwd(flat, weight.to(cdt), bias.to(cdt) if bias is not None else None,
-                          state, cu, silu, threads, False)
+    out = torch.empty((batch, tokens, channels), dtype=x.dtype)
+    if batch > 0:
+        # Every tensor handed over by address is held by a name until the call returns.
+        flat = x.transpose(1, 2).reshape(batch * tokens, channels)
+        w = weight.to(cdt)
+        b = bias.to(cdt) if bias is not None else None
+        state = rows[:, :, size - (k - 1):].transpose(1, 2).to(cdt) if k > 1 else None
+        cu = torch.arange(batch + 1, dtype=torch.int64) * tokens
+        with library_names(_UPDATE_NAMES):
+            _gdn.conv_forward(raw(flat), raw(w), raw(b), raw(state), raw(cu),
+                              raw(out.view(batch * tokens, channels)), None, silu, threads,
+                              False)
     new_rows = torch.cat([rows, x.to(conv_state.dtype)], dim=-1)[:, :, -size:]
-    if conv_state_indices is None:
+    if idx is None:
         conv_state.copy_(new_rows)
     else:
-        conv_state[conv_state_indices.long()] = new_rows
-    out = out.view(batch, tokens, channels).transpose(1, 2)
-    return out.squeeze(-1) if one_token else out
+        conv_state[idx] = new_rows
+    return out.transpose(1, 2)
+
+
+@conv_update.register_fake
+def _(x, conv_state, weight, bias, conv_state_indices, silu, threads):
+    return x.new_empty((x.shape[0], x.shape[2], x.shape[1])).transpose(1, 2)

@@ -43,6 +43,17 @@ def _as_compute(x: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
     return x.to(dtype)
 
 
+def _check_state_v_first(q, v, initial_state, cu) -> None:
+    """The library sees the transpose of a state_v_first initial state: its shape is checked
+    here, so that the message describes the caller's [N, HV, V, K] tensor, not the view."""
+    if q.dim() != 4 or v.dim() != 4:
+        return  # the library names q or v
+    want = [cu.shape[0] - 1 if cu is not None else q.shape[0], v.shape[2], v.shape[3], q.shape[3]]
+    if list(initial_state.shape) != want:
+        raise ValueError(f"gdn: argument 'initial_state': expected [N, HV, V, K] = {want} "
+                         f"(state_v_first), given {list(initial_state.shape)}")
+
+
 def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
          cu_seqlens, chunk_size, residuals, matmul_precision, threads, recurrent, state_v_first):
     _ops.check_devices(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
@@ -53,11 +64,12 @@ def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2no
     threads = static_int(threads, "threads")
     cdt = _ops.compute_dtype(q.dtype)
     g, beta = _as_compute(g, cdt), _as_compute(beta, cdt)
+    cu = _check_index(cu_seqlens, "cu_seqlens")
     if initial_state is not None:
         initial_state = _as_compute(initial_state, cdt)
         if state_v_first:  # [N, H, V, K] -> the library's [N, H, K, V], a view
+            _check_state_v_first(q, v, initial_state, cu)
             initial_state = initial_state.transpose(-1, -2)
-    cu = _check_index(cu_seqlens, "cu_seqlens")
     packed = cu is not None
     if packed:  # fla's packed layout: B = 1, passed on as [T, ...]
         for name, x, layout in (("q", q, "[1, T, H, K]"), ("k", k, "[1, T, H, K]"),
@@ -220,6 +232,11 @@ def fused_recurrent_gated_delta_rule(
             if x is None:
                 raise ValueError(f"gdn: argument '{name}': expected a tensor with "
                                  f"use_gate_in_kernel=True, given None")
+        heads = [v.shape[-2]] if v.dim() >= 2 else None
+        for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+            if heads is not None and list(x.shape) != heads:
+                raise ValueError(f"gdn: argument '{name}': expected [HV] = {heads} "
+                                 f"(use_gate_in_kernel), given {list(x.shape)}")
         g = -A_log.to(cdt).exp() * torch.nn.functional.softplus(g.to(cdt) + dt_bias.to(cdt))
     if g is None:
         g = v.new_zeros(v.shape[:-1], dtype=cdt)

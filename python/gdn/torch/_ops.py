@@ -9,7 +9,6 @@ point. Each call hands the library the tensors' addresses, sizes and strides
 
 # No `from __future__ import annotations` in the files that define custom ops: torch 2.4's
 # torch.library.custom_op reads the annotations as objects and rejects them as strings.
-import contextlib
 from typing import Optional
 
 import torch
@@ -24,15 +23,6 @@ OPTION_NAMES = {"options.scale": "scale", "options.chunk_size": "chunk_size",
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                 torch.float16: "float16", torch.int32: "int32", torch.int64: "int64"}
-
-
-def eager_library_names(names):
-    """``library_names(names)`` around a custom op call in eager mode; under ``torch.compile``
-    nothing (torch 2.4's Dynamo cannot trace a generator context manager, and the op's error
-    would be raised by the compiled graph, not through it)."""
-    if torch.compiler.is_compiling():
-        return contextlib.nullcontext()
-    return library_names(names)
 
 
 def raw(t: Optional[Tensor]):

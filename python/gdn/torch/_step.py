@@ -1,8 +1,12 @@
 """The serving step of a GDN layer over pools of state slots (``gdn/step.h``) for PyTorch
-inference engines: the custom op ``gdn::step``, which updates both pools in place (declared in
-``mutates_args``, so its schema marks them ``Tensor(a!)``), and ``fused_gdn_step`` over it with
-sglang's / vLLM's batch description (``initial_state_indices``, ``cu_seqlens``,
-``has_initial_state``).
+inference engines: the custom ops ``gdn::step`` (Tokamax's metadata) and ``gdn::fused_gdn_step``
+(sglang's / vLLM's batch description: ``initial_state_indices``, ``cu_seqlens``,
+``has_initial_state``), which update both pools in place (declared in ``mutates_args``, so their
+schemas mark them ``Tensor(a!)``), and the function ``fused_gdn_step`` over the second.
+
+The batch description is turned into Tokamax's metadata inside the op, when it runs: under
+``torch.compile`` a wrapper's Python checks of tensor values would be traced away, and an error
+raised while tracing reaches the caller as torch's own exception, not as the ValueError.
 """
 
 from typing import Optional
@@ -12,14 +16,15 @@ from torch import Tensor
 
 from gdn import _gdn
 from gdn._options import library_names, static_int
-from gdn.torch._ops import check_devices, eager_library_names, raw
+from gdn.torch._ops import check_devices, raw
 
 # The library's names -> the op's arguments, in its error messages; fused_gdn_step's batch
 # description adds its own.
 _OP_NAMES = {"recurrent_state": "ssm_state", "options.hk": "num_k_heads",
              "options.hv": "num_v_heads", "options.dk": "head_k_dim", "options.dv": "head_v_dim",
              "options.num_spec": "num_spec", "options.threads": "threads"}
-_STEP_NAMES = {"query_start_loc": "cu_seqlens", "state_indices": "initial_state_indices"}
+_FUSED_NAMES = {**_OP_NAMES, "query_start_loc": "cu_seqlens",
+                "state_indices": "initial_state_indices"}
 
 
 @torch.library.custom_op("gdn::step", mutates_args=("conv_state", "ssm_state"),
@@ -53,13 +58,104 @@ def _(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, 
     return qkv.new_empty((qkv.shape[0], num_v_heads * head_v_dim))
 
 
-def _conv_pool(conv_state: Tensor, taps: int, channels: int) -> Tensor:
-    """The conv pool as the library's [num_slots, K - 1, D]; vLLM's [num_slots, D, K - 1] view
-    of that memory is accepted and seen through its transpose."""
-    if conv_state.dim() == 3 and tuple(conv_state.shape[1:]) == (channels, taps - 1) \
-            and taps - 1 != channels:
-        return conv_state.transpose(1, 2)
-    return conv_state
+def _conv_pool(conv_state: Tensor, conv_weight: Tensor, qkv: Tensor) -> Tensor:
+    """The conv pool as the library's [num_slots, K - 1, D]: vLLM's [num_slots, D, K - 1] view of
+    such memory is seen through its transpose; any other [num_slots, D, K - 1] tensor is refused
+    here, in the caller's layout (the library would describe the transpose)."""
+    if conv_state.dim() != 3 or conv_weight.dim() < 1 or qkv.dim() < 1:
+        return conv_state  # the library names what is wrong
+    slots, channels, taps = conv_state.shape[0], qkv.shape[-1], conv_weight.shape[-1]
+    if tuple(conv_state.shape[1:]) != (channels, taps - 1) or taps - 1 == channels:
+        return conv_state
+    library = conv_state.transpose(1, 2)
+    if not library.is_contiguous():
+        vllm = [(taps - 1) * channels, 1, channels]
+        raise ValueError(
+            f"gdn: argument 'conv_state': expected a contiguous [num_slots, K - 1, D] = "
+            f"[{slots}, {taps - 1}, {channels}] pool, or vLLM's [num_slots, D, K - 1] view of one "
+            f"(strides {vllm}), given [{slots}, {channels}, {taps - 1}] with strides "
+            f"{list(conv_state.stride())}")
+    return library
+
+
+def _index(x: Tensor, name: str) -> None:
+    if x.dim() != 1 or x.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"gdn: argument '{name}': expected a rank-1 int32 or int64 tensor, given "
+                         f"{x.dtype} {list(x.shape)}")
+
+
+def _batch(initial_state_indices: Tensor, cu_seqlens: Tensor,
+           has_initial_state: Optional[Tensor], tokens: int):
+    """Tokamax's metadata (gdn/step.h) for sglang's / vLLM's batch description: (seq_lens,
+    distribution). Its own rules are checked here, in its names: padding after every live
+    sequence, and the live sequences' boundaries (from 0, each at least one token, at most T),
+    which the library would describe with its distribution."""
+    _index(initial_state_indices, "initial_state_indices")
+    _index(cu_seqlens, "cu_seqlens")
+    n = initial_state_indices.shape[0]
+    if cu_seqlens.shape[0] != n + 1:
+        raise ValueError(f"gdn: argument 'cu_seqlens': expected [N + 1] = [{n + 1}] entries "
+                         f"(N = {n} initial_state_indices), given {list(cu_seqlens.shape)}")
+    if has_initial_state is not None and tuple(has_initial_state.shape) != (n,):
+        raise ValueError(f"gdn: argument 'has_initial_state': expected a bool tensor [N] = [{n}], "
+                         f"given {list(has_initial_state.shape)}")
+    slots, cu = initial_state_indices.tolist(), cu_seqlens.tolist()
+    has = [True] * n if has_initial_state is None else has_initial_state.bool().tolist()
+    live = next((s for s, slot in enumerate(slots) if slot < 0), n)
+    if any(slot >= 0 for slot in slots[live:]):
+        raise ValueError(f"gdn: argument 'initial_state_indices': expected padding (negative) "
+                         f"slots after every live one, given {slots}")
+    if cu[0] != 0:
+        raise ValueError(f"gdn: argument 'cu_seqlens': expected cu_seqlens[0] = 0, given "
+                         f"{cu[0]}")
+    for s in range(live):
+        if cu[s + 1] < cu[s]:
+            raise ValueError(f"gdn: argument 'cu_seqlens': expected non-decreasing values, given "
+                             f"cu_seqlens[{s + 1}] = {cu[s + 1]} < cu_seqlens[{s}] = {cu[s]}")
+        if cu[s + 1] == cu[s]:
+            raise ValueError(f"gdn: argument 'cu_seqlens': expected at least one token for each "
+                             f"live sequence, given cu_seqlens[{s}] = cu_seqlens[{s + 1}] = "
+                             f"{cu[s]} (sequence {s}, slot {slots[s]})")
+        if cu[s + 1] > tokens:
+            raise ValueError(f"gdn: argument 'cu_seqlens': expected values at most T = {tokens} "
+                             f"(the tokens of qkv), given cu_seqlens[{s + 1}] = {cu[s + 1]}")
+    lengths = [cu[s + 1] - cu[s] for s in range(live)]
+    # One-token continuations at the front of the batch take the decode kernel.
+    decode_end = next((s for s in range(live) if lengths[s] != 1 or not has[s]), live)
+    # A sequence has history when its total length exceeds its new tokens; padding entries are
+    # never read.
+    seq_lens = [length + int(h) for length, h in zip(lengths, has)] + [0] * (n - live)
+    return (torch.tensor(seq_lens, dtype=torch.int64),
+            torch.tensor([decode_end, live, live], dtype=torch.int64))
+
+
+@torch.library.custom_op("gdn::fused_gdn_step", mutates_args=("conv_state", "ssm_state"),
+                         device_types="cpu")
+def fused_step(qkv: Tensor, a: Tensor, b: Tensor, conv_weight: Tensor, conv_bias: Optional[Tensor],
+               A_log: Tensor, dt_bias: Tensor, conv_state: Tensor, ssm_state: Tensor,
+               initial_state_indices: Tensor, cu_seqlens: Tensor,
+               has_initial_state: Optional[Tensor], num_k_heads: int, num_v_heads: int,
+               head_k_dim: int, head_v_dim: int, threads: int) -> Tensor:
+    """The serving step with sglang's / vLLM's batch description (``fused_gdn_step``'s): the
+    description is read and checked and the C++ step called when the op runs, in eager mode and
+    in a compiled graph alike, so that every error is the same ValueError in both."""
+    out = torch.empty((qkv.shape[0], num_v_heads * head_v_dim), dtype=qkv.dtype)
+    seq_lens, distribution = _batch(initial_state_indices, cu_seqlens, has_initial_state,
+                                    qkv.shape[0])
+    pool = _conv_pool(conv_state, conv_weight, qkv)
+    with library_names(_FUSED_NAMES):
+        _gdn.step(raw(qkv), raw(a), raw(b), raw(conv_weight), raw(conv_bias), raw(A_log),
+                  raw(dt_bias), raw(pool), raw(ssm_state), raw(cu_seqlens),
+                  raw(initial_state_indices), raw(seq_lens), raw(distribution), None, None,
+                  raw(out), num_k_heads, num_v_heads, head_k_dim, head_v_dim, 0, threads, False)
+    return out
+
+
+@fused_step.register_fake
+def _(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state,
+      initial_state_indices, cu_seqlens, has_initial_state, num_k_heads, num_v_heads, head_k_dim,
+      head_v_dim, threads):
+    return qkv.new_empty((qkv.shape[0], num_v_heads * head_v_dim))
 
 
 def fused_gdn_step(
@@ -114,10 +210,11 @@ def fused_gdn_step(
     Returns:
       out [T, Hv Dv] in qkv's dtype (q and k L2-normalised, scale Dk ** -0.5).
 
-    Bad input raises ValueError naming the argument, and leaves both pools as they were.
-    torch.compile(fullgraph=True) traces through it (the padding order is then checked by the
-    library's slot rules only). For speculative decoding windows, prefix caching (read one
-    slot, write another) and Tokamax's metadata, call ``torch.ops.gdn.step`` directly.
+    Bad input raises ValueError naming the argument, and leaves both pools as they were. The
+    batch description is read and checked when the op (``torch.ops.gdn.fused_gdn_step``) runs,
+    so under ``torch.compile(fullgraph=True)`` a bad slot or boundary raises the same ValueError
+    as in eager mode. For speculative decoding windows, prefix caching (read one slot, write
+    another) and Tokamax's metadata, call ``torch.ops.gdn.step`` directly.
 
     Example::
 
@@ -134,38 +231,14 @@ def fused_gdn_step(
     heads = tuple(static_int(x, name) for x, name in (
         (num_k_heads, "num_k_heads"), (num_v_heads, "num_v_heads"), (head_k_dim, "head_k_dim"),
         (head_v_dim, "head_v_dim")))
+    # The op's schema takes tensors; everything else about them is checked when it runs.
     for name, x in (("initial_state_indices", initial_state_indices), ("cu_seqlens", cu_seqlens)):
-        if not isinstance(x, Tensor) or x.dim() != 1 or x.dtype not in (torch.int32, torch.int64):
+        if not isinstance(x, Tensor):
             raise ValueError(f"gdn: argument '{name}': expected a rank-1 int32 or int64 tensor, "
-                             f"given {getattr(x, 'dtype', type(x).__name__)} "
-                             f"{list(getattr(x, 'shape', []))}")
-    n = initial_state_indices.shape[0]
-    if cu_seqlens.shape[0] != n + 1:
-        raise ValueError(f"gdn: argument 'cu_seqlens': expected [N + 1] = [{n + 1}] entries "
-                         f"(N = {n} initial_state_indices), given {list(cu_seqlens.shape)}")
-    slots = initial_state_indices.long()
-    starts = cu_seqlens.long()
-    lengths = starts[1:] - starts[:-1]
-    if has_initial_state is None:
-        has = torch.ones(n, dtype=torch.bool)
-    else:
-        if not isinstance(has_initial_state, Tensor) or has_initial_state.shape != (n,):
-            given = (list(has_initial_state.shape) if isinstance(has_initial_state, Tensor)
-                     else type(has_initial_state).__name__)
-            raise ValueError(f"gdn: argument 'has_initial_state': expected a bool tensor [N] = "
-                             f"[{n}], given {given}")
-        has = has_initial_state.bool()
-    live = slots >= 0
-    mixed_end = live.long().cumprod(0).sum()
-    if not torch.compiler.is_compiling() and bool(live[int(mixed_end):].any()):
-        raise ValueError(f"gdn: argument 'initial_state_indices': expected padding (negative) "
-                         f"slots after every live one, given {slots.tolist()}")
-    decode_end = ((lengths == 1) & has & live).long().cumprod(0).sum()
-    distribution = torch.stack([decode_end, mixed_end, mixed_end])
-    # A sequence has history when its total length exceeds its new tokens.
-    seq_lens = lengths + has.long()
-    taps = conv_weight.shape[-1]
-    with eager_library_names(_STEP_NAMES):
-        return step(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias,
-                    _conv_pool(conv_state, taps, qkv.shape[-1]), ssm_state, starts, slots,
-                    seq_lens, distribution, None, None, *heads, 0, threads)
+                             f"given {type(x).__name__}")
+    if has_initial_state is not None and not isinstance(has_initial_state, Tensor):
+        raise ValueError(f"gdn: argument 'has_initial_state': expected a bool tensor [N] = "
+                         f"[{initial_state_indices.shape[0]}] or None, given "
+                         f"{type(has_initial_state).__name__}")
+    return fused_step(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state,
+                      initial_state_indices, cu_seqlens, has_initial_state, *heads, threads)
