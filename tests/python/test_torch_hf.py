@@ -11,36 +11,10 @@ transformers = pytest.importorskip("transformers")
 import gdn.torch  # noqa: E402
 import torch_reference as ref  # noqa: E402
 from conftest import assert_close, rel_error  # noqa: E402
+from hf_models import qwen3_5 as _qwen3_5  # noqa: E402
+from hf_models import qwen3_next as _qwen3_next  # noqa: E402
 
 TOL = 1e-4
-
-
-def _qwen3_next(seed=0):
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-    config = Qwen3NextConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-        layer_types=["linear_attention", "linear_attention", "linear_attention",
-                     "full_attention"],
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=24,
-        linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[0, 1, 2, 3],
-        max_position_embeddings=256)  # dense MLPs: MoE grouped matmuls have no float64
-    torch.manual_seed(seed)
-    return Qwen3NextForCausalLM(config).eval()
-
-
-def _qwen3_5(seed=0):
-    cfg = pytest.importorskip("transformers.models.qwen3_5.configuration_qwen3_5")
-    mod = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
-    text = getattr(cfg, "Qwen3_5TextConfig")
-    config = text(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  layer_types=["linear_attention", "full_attention"], num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=32, linear_num_key_heads=2,
-                  linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                  linear_conv_kernel_dim=4, max_position_embeddings=256)
-    torch.manual_seed(seed)
-    return mod.Qwen3_5ForCausalLM(config).eval()
 
 
 @pytest.fixture(autouse=True)
