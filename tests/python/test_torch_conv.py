@@ -166,6 +166,24 @@ def test_compile_fullgraph_conv_forward_and_backward_match_eager(dynamic):
         assert torch.equal(a, e)
 
 
+def test_compile_fullgraph_seq_idx_matches_eager():
+    # the boundaries of seq_idx are read from the data: a data-dependent size in the graph, and
+    # other values through the same compiled function give other boundaries
+    def loss(x, w, seq_idx):
+        return (fn(x, w, seq_idx=seq_idx, activation="silu") ** 2).sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    w = _rand(8, 4, seed=2, dtype=torch.float32).requires_grad_()
+    for seq_idx in ([[0, 0, 0, 1, 1, 2]], [[0, 1, 1, 1, 1, 1]]):
+        seq_idx = torch.tensor(seq_idx, dtype=torch.int32)
+        xs = [_rand(1, 8, 6, seed=1, dtype=torch.float32).requires_grad_() for _ in range(2)]
+        want, got = loss(xs[0], w, seq_idx), compiled(xs[1], w, seq_idx)
+        assert torch.equal(got, want)
+        grads = torch.autograd.grad(got, (xs[1], w)), torch.autograd.grad(want, (xs[0], w))
+        for a, e in zip(*grads):
+            assert torch.equal(a, e)
+
+
 def test_opcheck_both_conv_ops():
     x, w, b, s = _inputs(CASES[0], grad=True)
     rows = x[0].T  # [T, D], strided

@@ -211,7 +211,7 @@ def causal_conv1d_fn(
       (out, final_states) with return_final_states.
 
     Differentiable in x, weight, bias and initial_states; torch.compile(fullgraph=True) traces
-    through it (seq_idx needs eager mode: its boundaries are read from the data).
+    through it (with seq_idx too: the number of sequences is then a size read from the data).
 
     Example::
 
