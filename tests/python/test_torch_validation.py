@@ -76,6 +76,13 @@ CORE_RULES = [
      ["int32 or int64"]),
     ("batch_not_1_with_cu_seqlens", core(q=rand(2, 8, 1, 8), cu_seqlens=torch.tensor([0, 8])),
      "q", ["[1, T, H, K] with cu_seqlens"]),
+    # a packed batch is described in the caller's [1, T, ...], not the library's [T, ...] views
+    ("k_shape_not_that_of_q_packed", core(k=rand(1, 8, 1, 4), cu_seqlens=torch.tensor([0, 8])),
+     "k", ["[1, T, H, K] = [1, 8, 1, 8]", "given [1, 8, 1, 4]"]),
+    ("v_tokens_not_those_of_q_packed", core(v=rand(1, 7, 2, 4), cu_seqlens=torch.tensor([0, 8])),
+     "v", ["[1, T, HV, V] = [1, 8, 2, 4]", "given [1, 7, 2, 4]"]),
+    ("g_heads_not_those_of_v_packed", core(g=rand(1, 8, 3), cu_seqlens=torch.tensor([0, 8])),
+     "g", ["[1, T, HV] = [1, 8, 2]", "given [1, 8, 3]"]),
     # the library's, through the binding
     ("q_rank_2", core(q=rand(8, 8)), "q", ["rank"]),
     ("q_rank_5", core(q=rand(1, 1, 8, 1, 8)), "q", ["rank 1 to 4"]),

@@ -78,6 +78,16 @@ def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2no
             if x.dim() != len(layout.split(",")) or x.shape[0] != 1:
                 raise ValueError(f"gdn: argument '{name}': expected {layout} with cu_seqlens "
                                  f"(a packed batch), given {list(x.shape)}")
+        # The library sees [T, ...] views and would describe those: the shapes that must agree
+        # are checked here, in the caller's [1, T, ...].
+        for name, x, layout, want, source in (
+                ("k", k, "[1, T, H, K]", list(q.shape), "that of q"),
+                ("v", v, "[1, T, HV, V]", [1, q.shape[1], *v.shape[2:]], "T of q"),
+                ("g", g, "[1, T, HV]", list(v.shape[:3]), "of v"),
+                ("beta", beta, "[1, T, HV]", list(v.shape[:3]), "of v")):
+            if list(x.shape) != want:
+                raise ValueError(f"gdn: argument '{name}': expected {layout} = {want} ({source}) "
+                                 f"with cu_seqlens, given {list(x.shape)}")
         q, k, v, g, beta = (x[0] for x in (q, k, v, g, beta))
     if scale is None and q.dim() >= 1 and q.shape[-1] > 0:  # Dk = 0: the library names q
         scale = float(q.shape[-1]) ** -0.5
