@@ -299,7 +299,7 @@ template <class Real>
 void step_cpu(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
               const StepOptions& o, const ValidatedStep& v, const Plan& decode_plan) {
   run_prefills<Real>(in, pools, out, o, v, [&](const LayerInputs& li, const LayerOutputs& lo) {
-    fused_gdn_fwd(li, lo, o);
+    detail::fused_gdn_fwd_unchecked(li, lo, o);
   });
   run_decodes<Real>(in, pools, out, o, v, decode_plan);
   zero_rows(out, v.query_start[v.mixed_end], v.layer.tokens);
@@ -379,6 +379,15 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
   const bool check = check_finite_enabled(options.check_finite);
   // Only the live tokens: Tokamax's padding rows may hold anything.
   const std::int64_t live = v.query_start[static_cast<std::size_t>(v.mixed_end)];
+  // Check mode: the slots the step writes are kept, and put back when its results turn out
+  // non-finite, so that a step that throws has changed no slot (an engine may retry it).
+  StateBackup backup;
+  // Slots [slot, slot + count) of both pools, scanned.
+  auto check_slots = [&](std::int64_t slot, std::int64_t count, Written written) {
+    check_finite({{"conv_state", rows(pools.conv_state, slot, slot + count), -1, slot},
+                  {"recurrent_state", rows(pools.recurrent_state, slot, slot + count), -1, slot}},
+                 written);
+  };
   if (check) {
     check_finite({{"qkv", inputs.qkv, live},
                   {"a", inputs.a, live},
@@ -387,17 +396,33 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
                   {"conv_bias", inputs.conv_bias},
                   {"A_log", inputs.A_log},
                   {"dt_bias", inputs.dt_bias}},
-                 false);
-  }
-  {
-    const cpu::SubnormalsAsZero mode;
-    if (v.layer.dtype == DType::f64) {
-      step_cpu<double>(inputs, pools, out, options, v, plan);
-    } else {
-      step_cpu<float>(inputs, pools, out, options, v, plan);
+                 Written::nothing);
+    for (std::int64_t s = 0; s < v.mixed_end; ++s) {
+      const std::int64_t read = v.read_slot[s];
+      if (read >= 0) check_slots(read, 1, Written::nothing);
+    }
+    for (std::int64_t s = 0; s < v.mixed_end; ++s) {
+      backup.save(rows(pools.conv_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
+      backup.save(
+          rows(pools.recurrent_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
     }
   }
-  if (check) check_finite({{"out", out, live}}, true);
+  restoring_on_error(backup, [&] {
+    {
+      const cpu::SubnormalsAsZero mode;
+      if (v.layer.dtype == DType::f64) {
+        step_cpu<double>(inputs, pools, out, options, v, plan);
+      } else {
+        step_cpu<float>(inputs, pools, out, options, v, plan);
+      }
+    }
+    if (check) {
+      check_finite({{"out", out, live}}, Written::pools_restored);
+      for (std::int64_t s = 0; s < v.mixed_end; ++s) {
+        check_slots(v.write_slot[s], v.slots_written(s), Written::pools_restored);
+      }
+    }
+  });
 }
 
 }  // namespace detail

@@ -97,6 +97,12 @@ class ValidatedStep {
   std::vector<std::int64_t> query_start;  // [mixed_end + 1]
   std::vector<std::int64_t> write_slot;   // [mixed_end]: the first slot each sequence writes
   std::vector<std::int64_t> read_slot;    // [mixed_end]: the slot it starts from, -1: zeros
+
+  // The slots live sequence s writes, from write_slot[s]: a decode window's one per token.
+  std::int64_t slots_written(std::int64_t s) const {
+    const auto i = static_cast<std::size_t>(s);
+    return s < decode_end ? query_start[i + 1] - query_start[i] : 1;
+  }
 };
 
 // Checks a step (inputs, options, pools, out, the batch's slots; gdn/step.h lists the rules).
