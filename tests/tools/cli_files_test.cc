@@ -209,6 +209,21 @@ TEST_F(Cli, ErrorsNameTheFlagsAndFilesTheUserGave) {
       << matmul.output;
   EXPECT_EQ(matmul.output.find("options."), std::string::npos) << matmul.output;
 
+  // A variant the build or the CPU cannot run, before any work.
+  for (const CpuIsa isa : {CpuIsa::avx512, CpuIsa::avx512_bf16}) {
+    const char* why = cpu_isa_unavailable_reason(isa);
+    if (why == nullptr) continue;
+    const std::string name = cpu_isa_name(isa);
+    const Result variant = gdn_cli("forward " + io() + " --isa " + name);
+    EXPECT_EQ(variant.code, 2);
+    EXPECT_NE(variant.output.find("option '--isa': expected a variant this build runs on this "
+                                  "CPU (auto, generic"),
+              std::string::npos)
+        << variant.output;
+    EXPECT_NE(variant.output.find("given '" + name + "' (" + why + ")"), std::string::npos)
+        << variant.output;
+  }
+
   const char* const kDtype =
       "expected dtype float32, float64 or float16 (.npy <f4, <f8 or <f2), given int32 (<i4)";
   npy::save(path("in/q.npy"), Tensor(DType::i32, {103, 2, 16}));

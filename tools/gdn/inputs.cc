@@ -74,11 +74,25 @@ LayerOptions layer_options_from(const Args& args) {
 CpuIsa isa_option(const Args& args) {
   const std::string isa =
       args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512", "avx512_bf16"});
-  return isa == "generic"       ? CpuIsa::generic
-         : isa == "avx2"        ? CpuIsa::avx2
-         : isa == "avx512"      ? CpuIsa::avx512
-         : isa == "avx512_bf16" ? CpuIsa::avx512_bf16
-                                : CpuIsa::automatic;
+  const CpuIsa chosen = isa == "generic"       ? CpuIsa::generic
+                        : isa == "avx2"        ? CpuIsa::avx2
+                        : isa == "avx512"      ? CpuIsa::avx512
+                        : isa == "avx512_bf16" ? CpuIsa::avx512_bf16
+                                               : CpuIsa::automatic;
+  // A variant this build or CPU cannot run is the option's error, not the library's.
+  if (chosen != CpuIsa::automatic) {
+    if (const char* why = cpu_isa_unavailable_reason(chosen)) {
+      const std::string reason = why;
+      std::string runnable = "auto";
+      for (const CpuIsa c : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16}) {
+        if (cpu_isa_unavailable_reason(c) == nullptr)
+          runnable += std::string(", ") + cpu_isa_name(c);
+      }
+      throw UsageError("option '--isa': expected a variant this build runs on this CPU (" +
+                       runnable + "), given '" + isa + "' (" + reason + ")");
+    }
+  }
+  return chosen;
 }
 
 std::string engine_name(bool reference, CpuIsa isa, MatmulPrecision matmul) {
