@@ -10,8 +10,12 @@
 // The optional check mode (ForwardOptions::check_finite, LayerOptions::check_finite, or the
 // environment variable GDN_CHECK_FINITE=1) throws gdn::NonFiniteError, a gdn::RuntimeError,
 // for the first NaN or Inf among a call's inputs (before anything is written) or, after the
-// call, among its outputs, e.g.
+// call, among its outputs; a state the call updates in place (a serving step's pool slots, a
+// final state that is the view of the initial state) is then put back as it was, so that a
+// call that throws has changed no state. The message says what is written, e.g.
 //   gdn: check_finite: input 'g' holds nan at [41, 3] (nothing was written)
+//   gdn: check_finite: output 'out' holds inf at [2, 17] (out is written; every pool slot is
+//   as before the call)
 #pragma once
 
 #include <stdexcept>
@@ -39,6 +43,10 @@ class RuntimeError : public std::runtime_error {
 class NonFiniteError : public RuntimeError {
  public:
   NonFiniteError(std::string tensor, std::string index, double value, bool output);
+  // `written`: what the call has left written, the message's last words, e.g. "nothing was
+  // written".
+  NonFiniteError(std::string tensor, std::string index, double value, bool output,
+                 const std::string& written);
 
   const std::string& tensor() const { return tensor_; }  // the argument's name, e.g. "q"
   const std::string& index() const { return index_; }    // its position, e.g. "[41, 3]"

@@ -60,8 +60,10 @@ struct ForwardOptions {
   MatmulPrecision matmul_precision = MatmulPrecision::compute;
   // Check mode: scan the inputs before the call and the outputs after it, and throw
   // gdn::NonFiniteError naming the first NaN or Inf and its position (gdn/error.h). Also on
-  // for every call when the environment variable GDN_CHECK_FINITE is 1. Costs a pass over
-  // every input and output (off by default).
+  // for every call when the environment variable GDN_CHECK_FINITE is 1. A final_state updated
+  // in place (the view of initial_state) is put back as it was when an output is non-finite;
+  // the other outputs are then written. Costs a pass over every input and output, and a copy
+  // of a state updated in place (off by default: then nothing of this runs).
   bool check_finite = false;
 };
 

@@ -34,9 +34,12 @@ struct LayerOptions {
   // Of the gated delta rule's matrix products (gdn/forward.h).
   MatmulPrecision matmul_precision = MatmulPrecision::compute;
   // Check mode, as ForwardOptions::check_finite (gdn/forward.h): the first NaN or Inf of the
-  // inputs (before anything is written) or the outputs (after) throws gdn::NonFiniteError.
-  // A serving step (gdn/step.h) checks qkv, a, b and out over its live tokens and the
-  // parameters; not the pools (their other slots belong to other sequences).
+  // inputs (before anything is written) or the outputs (after) throws gdn::NonFiniteError;
+  // a state output that is the view of its input (updated in place) is then put back as it
+  // was. A serving step (gdn/step.h) checks qkv, a, b over its live tokens, the parameters
+  // and the slots its live sequences read, then out over the live tokens and the slots it
+  // wrote; when one of those is non-finite every slot it wrote is put back (out stays
+  // written). Not the other slots: they belong to other sequences.
   bool check_finite = false;
 };
 

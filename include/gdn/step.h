@@ -51,8 +51,12 @@
 // prefill with no token, seq_lens[s] below the query length, a negative or misordered
 // distribution, a pool dtype outside the rule below, or a shape or dtype mismatch throws
 // gdn::InvalidArgument naming the argument, and leaves both pools bit-identical to before the
-// call. A sequence's result depends only on its own tokens and slots: NaN or garbage in
-// another slot never changes it.
+// call. A sequence's result depends only on its own tokens, its read slot's states, whether it
+// is a decode window and the options, bit for bit: not on its place in the batch, the other
+// sequences, its slot numbers, the batch size or the thread count. NaN or garbage in another
+// slot never changes it. A one-token sequence is the same computation as a decode or as a
+// prefill (both run it through the decode kernel), so a decode behind a prefill (vLLM and
+// sglang call it a prefill) gives the bytes it gives stepped alone.
 #pragma once
 
 #include <cstdint>

@@ -47,7 +47,7 @@ void chunk_gated_delta_rule_bwd(const BackwardInputs& inputs, const BackwardOutp
                           {"initial_state", inputs.initial_state},
                           {"d_o", inputs.d_o},
                           {"d_final_state", inputs.d_final_state}},
-                         false);
+                         detail::Written::nothing);
   }
   {
     const cpu::SubnormalsAsZero mode;
@@ -60,7 +60,7 @@ void chunk_gated_delta_rule_bwd(const BackwardInputs& inputs, const BackwardOutp
                           {"dg", outputs.dg},
                           {"dbeta", outputs.dbeta},
                           {"d_initial_state", outputs.d_initial_state}},
-                         true);
+                         detail::Written::outputs);
   }
 }
 

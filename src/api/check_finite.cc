@@ -1,6 +1,7 @@
 // check_finite.cc: the non-finite check mode's scan (check_finite.h).
 #include "api/check_finite.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -23,9 +24,13 @@ std::string describe(double value) {
 }  // namespace
 
 NonFiniteError::NonFiniteError(std::string tensor, std::string index, double value, bool output)
+    : NonFiniteError(std::move(tensor), std::move(index), value, output,
+                     output ? "the call's outputs are written" : "nothing was written") {}
+
+NonFiniteError::NonFiniteError(std::string tensor, std::string index, double value, bool output,
+                               const std::string& written)
     : RuntimeError("check_finite: " + std::string(output ? "output" : "input") + " '" + tensor +
-                   "' holds " + describe(value) + " at " + index +
-                   (output ? " (the call's outputs are written)" : " (nothing was written)")),
+                   "' holds " + describe(value) + " at " + index + " (" + written + ")"),
       tensor_(std::move(tensor)),
       index_(std::move(index)) {}
 
@@ -76,7 +81,21 @@ std::string index_text(const std::int64_t* index, int rank) {
   return s + "]";
 }
 
-void scan(const NamedTensor& named, bool outputs) {
+const char* written_text(Written written) {
+  switch (written) {
+    case Written::nothing:
+      return "nothing was written";
+    case Written::outputs:
+      return "the call's outputs are written";
+    case Written::states_restored:
+      return "the call's outputs are written; the states it updates in place are as before it";
+    case Written::pools_restored:
+      return "out is written; every pool slot is as before the call";
+  }
+  return "";
+}
+
+void scan(const NamedTensor& named, Written written) {
   const TensorView& t = named.view;
   if (!t.present() || t.numel() == 0) return;
   if (t.dtype != DType::f32 && t.dtype != DType::f64 && t.dtype != DType::bf16 &&
@@ -94,7 +113,11 @@ void scan(const NamedTensor& named, bool outputs) {
     for (int d = 0; d < t.rank; ++d) at += index[d] * t.strides[d];
     const double x = element(t, at);
     if (!std::isfinite(x)) {
-      throw NonFiniteError(named.name, index_text(index, t.rank), x, outputs);
+      std::int64_t shown[kMaxRank];
+      std::copy(index, index + kMaxRank, shown);
+      shown[0] += named.first_row;
+      throw NonFiniteError(named.name, index_text(shown, t.rank), x, written != Written::nothing,
+                           written_text(written));
     }
     int d = t.rank - 1;
     while (d >= 0 && ++index[d] == extent[d]) index[d--] = 0;
@@ -104,8 +127,70 @@ void scan(const NamedTensor& named, bool outputs) {
 
 }  // namespace
 
-void check_finite(std::initializer_list<NamedTensor> tensors, bool outputs) {
-  for (const NamedTensor& t : tensors) scan(t, outputs);
+void check_finite(std::initializer_list<NamedTensor> tensors, Written written) {
+  for (const NamedTensor& t : tensors) scan(t, written);
+}
+
+namespace {
+
+// Calls visit(byte offset) for every element of a view, in row-major order.
+template <class Visit>
+void for_each_element(const MutableTensorView& t, Visit&& visit) {
+  if (t.numel() == 0) return;
+  const auto size = static_cast<std::int64_t>(dtype_size(t.dtype));
+  std::int64_t index[kMaxRank] = {};
+  while (true) {
+    std::int64_t at = 0;
+    for (int d = 0; d < t.rank; ++d) at += index[d] * t.strides[d];
+    visit(at * size);
+    int d = t.rank - 1;
+    while (d >= 0 && ++index[d] == t.sizes[d]) index[d--] = 0;
+    if (d < 0) return;
+  }
+}
+
+bool contiguous(const MutableTensorView& t) {
+  const Dims dense = contiguous_strides(t.sizes, t.rank);
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.sizes[d] > 1 && t.strides[d] != dense[d]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void StateBackup::save(const MutableTensorView& view) {
+  if (!view.present() || view.numel() == 0) return;
+  const std::size_t size = dtype_size(view.dtype);
+  Saved s{view, std::vector<std::byte>(static_cast<std::size_t>(view.numel()) * size)};
+  auto* base = static_cast<const std::byte*>(view.data);
+  if (contiguous(view)) {
+    std::memcpy(s.bytes.data(), base, s.bytes.size());
+  } else {
+    std::byte* to = s.bytes.data();
+    for_each_element(view, [&](std::int64_t at) {
+      std::memcpy(to, base + at, size);
+      to += size;
+    });
+  }
+  saved_.push_back(std::move(s));
+}
+
+void StateBackup::restore() const {
+  for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+    const Saved& s = *it;
+    auto* base = static_cast<std::byte*>(s.view.data);
+    if (contiguous(s.view)) {
+      std::memcpy(base, s.bytes.data(), s.bytes.size());
+    } else {
+      const std::size_t size = dtype_size(s.view.dtype);
+      const std::byte* from = s.bytes.data();
+      for_each_element(s.view, [&](std::int64_t at) {
+        std::memcpy(base + at, from, size);
+        from += size;
+      });
+    }
+  }
 }
 
 void warn_expanding_keys(const TensorView& k, const TensorView& beta) {

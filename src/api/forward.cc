@@ -53,14 +53,25 @@ void chunk_gated_delta_rule_fwd(const ForwardInputs& inputs, const ForwardOutput
                           {"g", inputs.g},
                           {"beta", inputs.beta},
                           {"initial_state", inputs.initial_state}},
-                         false);
+                         detail::Written::nothing);
     if (!options.use_qk_l2norm) detail::warn_expanding_keys(inputs.k, inputs.beta);
   }
-  {
-    const cpu::SubnormalsAsZero mode;
-    cpu::forward(validated.problem, options.isa);
-  }
-  if (check) detail::check_finite({{"o", outputs.o}, {"final_state", outputs.final_state}}, true);
+  // Check mode: a state updated in place (final_state the view of initial_state) is put back
+  // when an output turns out non-finite, so that the call that throws has changed it not.
+  detail::StateBackup backup;
+  const bool in_place =
+      outputs.final_state.present() && outputs.final_state.data == inputs.initial_state.data;
+  if (check && in_place) backup.save(outputs.final_state);
+  detail::restoring_on_error(backup, [&] {
+    {
+      const cpu::SubnormalsAsZero mode;
+      cpu::forward(validated.problem, options.isa);
+    }
+    if (check) {
+      detail::check_finite({{"o", outputs.o}, {"final_state", outputs.final_state}},
+                           in_place ? detail::Written::states_restored : detail::Written::outputs);
+    }
+  });
 }
 
 namespace detail {

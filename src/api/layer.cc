@@ -207,7 +207,7 @@ void check_layer_inputs(const LayerInputs& in) {
                         {"dt_bias", in.dt_bias},
                         {"conv_state", in.conv_state},
                         {"recurrent_state", in.recurrent_state}},
-                       false);
+                       detail::Written::nothing);
 }
 
 }  // namespace
@@ -218,26 +218,57 @@ ForwardShape fused_gdn_shape(const LayerInputs& inputs, const LayerOptions& opti
   return v.core;
 }
 
+namespace {
+
+void run_layer_forward(const LayerInputs& inputs, const LayerOutputs& outputs,
+                       const LayerOptions& options, const detail::ValidatedLayer& v) {
+  const cpu::SubnormalsAsZero mode;
+  if (v.dtype == DType::f64) {
+    layer_forward<double>(inputs, outputs, options, v);
+  } else {
+    layer_forward<float>(inputs, outputs, options, v);
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+void fused_gdn_fwd_unchecked(const LayerInputs& inputs, const LayerOutputs& outputs,
+                             const LayerOptions& options) {
+  ValidatedLayer v;
+  validate_layer_forward(inputs, outputs, options, OutputPrecision::native, &v);
+  run_layer_forward(inputs, outputs, options, v);
+}
+
+}  // namespace detail
+
 void fused_gdn_fwd(const LayerInputs& inputs, const LayerOutputs& outputs,
                    const LayerOptions& options) {
   detail::ValidatedLayer v;
   detail::validate_layer_forward(inputs, outputs, options, detail::OutputPrecision::native, &v);
   const bool check = detail::check_finite_enabled(options.check_finite);
   if (check) check_layer_inputs(inputs);
-  {
-    const cpu::SubnormalsAsZero mode;
-    if (v.dtype == DType::f64) {
-      layer_forward<double>(inputs, outputs, options, v);
-    } else {
-      layer_forward<float>(inputs, outputs, options, v);
-    }
-  }
+  // Check mode: the states updated in place (an output that is the view of its input) are put
+  // back when an output turns out non-finite.
+  detail::StateBackup backup;
   if (check) {
-    detail::check_finite({{"out", outputs.out},
-                          {"conv_state_out", outputs.conv_state_out},
-                          {"recurrent_state_out", outputs.recurrent_state_out}},
-                         true);
+    if (outputs.conv_state_out.present() && outputs.conv_state_out.data == inputs.conv_state.data)
+      backup.save(outputs.conv_state_out);
+    if (outputs.recurrent_state_out.present() &&
+        outputs.recurrent_state_out.data == inputs.recurrent_state.data)
+      backup.save(outputs.recurrent_state_out);
   }
+  detail::restoring_on_error(backup, [&] {
+    run_layer_forward(inputs, outputs, options, v);
+    if (check) {
+      detail::check_finite(
+          {{"out", outputs.out},
+           {"conv_state_out", outputs.conv_state_out},
+           {"recurrent_state_out", outputs.recurrent_state_out}},
+          backup.empty() ? detail::Written::outputs : detail::Written::states_restored);
+    }
+  });
 }
 
 LayerForwardResult fused_gdn_fwd(const LayerInputs& inputs, const LayerOptions& options,
@@ -269,7 +300,7 @@ void fused_gdn_bwd(const LayerBackwardInputs& inputs, const LayerBackwardOutputs
     detail::check_finite({{"d_out", inputs.d_out},
                           {"d_conv_state_out", inputs.d_conv_state_out},
                           {"d_recurrent_state_out", inputs.d_recurrent_state_out}},
-                         false);
+                         detail::Written::nothing);
   }
   {
     const cpu::SubnormalsAsZero mode;
@@ -289,7 +320,7 @@ void fused_gdn_bwd(const LayerBackwardInputs& inputs, const LayerBackwardOutputs
                           {"d_dt_bias", outputs.d_dt_bias},
                           {"d_conv_state", outputs.d_conv_state},
                           {"d_recurrent_state", outputs.d_recurrent_state}},
-                         true);
+                         detail::Written::outputs);
   }
 }
 

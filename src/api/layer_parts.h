@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "common/half_bits.h"
+#include "gdn/layer.h"
 #include "gdn/tensor.h"
 
 namespace gdn::detail {
@@ -103,5 +104,10 @@ void layer_gates(const TensorView& a, const TensorView& b, const TensorView& A_l
     }
   }
 }
+
+// gdn::fused_gdn_fwd without the check mode, whatever the options or GDN_CHECK_FINITE say: a
+// serving step's prefills, whose step checks its own inputs and results (src/api/step.cc).
+void fused_gdn_fwd_unchecked(const LayerInputs& inputs, const LayerOutputs& outputs,
+                             const LayerOptions& options);
 
 }  // namespace gdn::detail

@@ -1,12 +1,17 @@
-// step.cc: a serving step (gdn/step.h). Validate the whole batch first; then
+// step.cc: a serving step (gdn/step.h). Validate the whole batch first; then, run by run of
+// consecutive sequences that take the same path (ValidatedStep::decode_path: decode windows and
+// every one-token sequence through the decode kernel, whatever their place in the batch)
 //   prefills: their start states gathered from the read slots (zeros without history), the
-//     fused layer op over all of them at once (gdn/layer.h), the final states scattered to
+//     fused layer op over all of the run at once (gdn/layer.h), the final states scattered to
 //     their slots;
 //   decodes: the conv + SiLU of their tokens (src/cpu/conv1d-inl.h, the conv state from the
 //     read slot), the gates, the conv states after each window position written to their
 //     slots, and the decode kernel (src/cpu/decode-inl.h) updating the recurrent states in
 //     the pool directly;
 //   padding tokens: zero output rows.
+// Each sequence's arithmetic is fixed by the sequence alone: its path, the chunk size (the
+// options' or the ISA's) and its length decide it; the work split (threads, head groups, value
+// column blocks) changes no bit (gdn/plan.h), and so neither do the other sequences.
 // A bf16 pool is read into float32 and each state rounded once as it is written (gdn/step.h):
 // prefills through their gathered float32 states, decodes in the decode kernel (the recurrent
 // state) and below (the conv state: raw inputs, rounded). No live sequence reads a slot another
@@ -100,15 +105,16 @@ void zero_rows(const MutableTensorView& out, std::int64_t t0, std::int64_t t1) {
   }
 }
 
-// The prefills [decode_end, mixed_end) through `forward` (the CPU layer op or its reference)
-// in one call, their states gathered from and scattered to the pools.
+// The prefills [first, last) through `forward` (the CPU layer op) in one call, their states
+// gathered from and scattered to the pools.
 template <class Real, class Forward>
 void run_prefills(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
-                  const StepOptions& o, const ValidatedStep& v, Forward&& forward) {
-  const std::int64_t first = v.decode_end, count = v.mixed_end - v.decode_end;
+                  const StepOptions& o, const ValidatedStep& v, std::int64_t first,
+                  std::int64_t last, Forward&& forward) {
+  const std::int64_t count = last - first;
   if (count == 0) return;
   const std::int64_t k = v.layer.taps, d = v.layer.channels, first_token = v.query_start[first];
-  const std::int64_t t1 = v.query_start[v.mixed_end];
+  const std::int64_t t1 = v.query_start[last];
   const DType dtype = v.layer.compute_dtype;  // of the gathered states
   const Pool<Real> conv_pool(pools.conv_state), rec_pool(pools.recurrent_state);
   Tensor cu(DType::i64, {count + 1});
@@ -150,7 +156,8 @@ void run_prefills(const StepInputs& in, const StatePools& pools, const MutableTe
 // reading its own slot) shifts its slot in place, reading each row before it is written. A
 // window whose read slot is among the slots it writes gets a copy of the history first.
 template <class Real, class Elem>
-void write_conv_states(const StepInputs& in, const Pool<Real>& pool, const ValidatedStep& v) {
+void write_conv_states(const StepInputs& in, const Pool<Real>& pool, const ValidatedStep& v,
+                       std::int64_t first, std::int64_t last) {
   constexpr bool half = !std::is_same_v<Elem, Real>;
   const std::int64_t k = v.layer.taps, d = v.layer.channels;
   // Raw inputs copied as they are: qkv contiguous in the pool's type.
@@ -159,7 +166,7 @@ void write_conv_states(const StepInputs& in, const Pool<Real>& pool, const Valid
   Elem* base = reinterpret_cast<Elem*>(pool.data);
   std::vector<Elem> saved;
   const std::vector<Elem> zeros(static_cast<std::size_t>(k > 1 ? d : 0), Elem{0});
-  for (std::int64_t s = 0; s < v.decode_end; ++s) {
+  for (std::int64_t s = first; s < last; ++s) {
     const std::int64_t len = v.query_start[s + 1] - v.query_start[s];
     const std::int64_t read = v.read_slot[s], first_write = v.write_slot[s];
     const Elem* history = read >= 0 ? base + read * pool.slot : nullptr;
@@ -192,15 +199,22 @@ void write_conv_states(const StepInputs& in, const Pool<Real>& pool, const Valid
   }
 }
 
-// The decodes on the CPU: conv + SiLU, gates, conv states, then the decode kernel, its items
-// split as `plan` says.
+// The decodes [first, last) on the CPU: conv + SiLU, gates, conv states, then the decode
+// kernel, its items split as `plan` says. Their tokens, rows [t0, t1) of the batch, are rows
+// [0, t1 - t0) of every temporary.
 template <class Real>
-void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
-                 const StepOptions& o, const ValidatedStep& v, const Plan& plan) {
-  const std::int64_t n = v.decode_end;
+void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTensorView& batch_out,
+                 const StepOptions& o, const ValidatedStep& v, const Plan& plan, std::int64_t first,
+                 std::int64_t last) {
+  const std::int64_t n = last - first;
   if (n == 0) return;
   const std::int64_t k = v.layer.taps, d = v.layer.channels, cpad = (d + 15) / 16 * 16;
-  const std::int64_t tokens = v.query_start[n], hv = o.hv;
+  const std::int64_t t0 = v.query_start[first], tokens = v.query_start[last] - t0, hv = o.hv;
+  const TensorView qkv = rows(in.qkv, t0, t0 + tokens);
+  const MutableTensorView out = rows(batch_out, t0, t0 + tokens);
+  std::vector<std::int64_t> token_start(static_cast<std::size_t>(n + 1));
+  for (std::int64_t s = 0; s <= n; ++s) token_start[s] = v.query_start[first + s] - t0;
+  const std::int64_t* read_slot = v.read_slot.data() + first;
   const DType dtype = v.layer.compute_dtype;   // of every temporary
   const bool narrow = v.layer.dtype != dtype;  // 16-bit qkv and out
   const Pool<Real> conv_pool(pools.conv_state), rec_pool(pools.recurrent_state);
@@ -211,8 +225,7 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
                           static_cast<Real*>(weight.raw()), static_cast<Real*>(bias.raw()));
   std::vector<detail::Sequence> seqs(static_cast<std::size_t>(n));
   for (std::int64_t s = 0; s < n; ++s) {
-    seqs[static_cast<std::size_t>(s)] = {0, v.query_start[s],
-                                         v.query_start[s + 1] - v.query_start[s], 0};
+    seqs[static_cast<std::size_t>(s)] = {0, token_start[s], token_start[s + 1] - token_start[s], 0};
   }
   Tensor xh(dtype, {tokens, d});
   detail::ConvProblem conv;
@@ -224,9 +237,9 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   conv.seqs = seqs.data();
   conv.dtype = dtype;
   conv.x_dtype = v.layer.dtype;
-  conv.x = static_cast<const std::byte*>(in.qkv.data);
-  conv.x_token = in.qkv.strides[0];
-  conv.x_channel = in.qkv.strides[1];
+  conv.x = static_cast<const std::byte*>(qkv.data);
+  conv.x_token = qkv.strides[0];
+  conv.x_channel = qkv.strides[1];
   conv.weight = static_cast<const std::byte*>(weight.raw());
   conv.bias = static_cast<const std::byte*>(bias.raw());
   Tensor history;
@@ -235,27 +248,28 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
     history = Tensor(dtype, {n, k - 1, d});
     history_block.assign(static_cast<std::size_t>(n), -1);
     for (std::int64_t s = 0; s < n; ++s) {
-      if (v.read_slot[s] < 0) continue;
-      conv_pool.read(v.read_slot[s], static_cast<Real*>(history.raw()) + s * conv_pool.slot);
+      if (read_slot[s] < 0) continue;
+      conv_pool.read(read_slot[s], static_cast<Real*>(history.raw()) + s * conv_pool.slot);
       history_block[static_cast<std::size_t>(s)] = s;
     }
     conv.state_in = static_cast<const std::byte*>(history.raw());
     conv.state_block = history_block.data();
   } else {
     conv.state_in = k > 1 ? static_cast<const std::byte*>(conv_pool.data) : nullptr;
-    conv.state_block = v.read_slot.data();
+    conv.state_block = read_slot;
   }
   conv.xh = static_cast<std::byte*>(xh.raw());
   cpu::conv_forward(conv, o.isa, o.threads);
 
   if (conv_pool.bf16) {
-    write_conv_states<Real, std::uint16_t>(in, conv_pool, v);
+    write_conv_states<Real, std::uint16_t>(in, conv_pool, v, first, last);
   } else {
-    write_conv_states<Real, Real>(in, conv_pool, v);
+    write_conv_states<Real, Real>(in, conv_pool, v, first, last);
   }
 
   Tensor g(dtype, {tokens, hv}), beta(dtype, {tokens, hv});
-  detail::layer_gates(in.a, in.b, in.A_log, in.dt_bias, tokens, hv, static_cast<Real*>(g.raw()),
+  detail::layer_gates(rows(in.a, t0, t0 + tokens), rows(in.b, t0, t0 + tokens), in.A_log,
+                      in.dt_bias, tokens, hv, static_cast<Real*>(g.raw()),
                       static_cast<Real*>(beta.raw()));
 
   detail::DecodeProblem p;
@@ -268,9 +282,9 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   p.dtype = dtype;
   p.scale = 1.0 / std::sqrt(static_cast<double>(o.dk));
   p.vblocks = plan.vblocks;
-  p.token_start = v.query_start.data();
-  p.write_slot = v.write_slot.data();
-  p.read_slot = v.read_slot.data();
+  p.token_start = token_start.data();
+  p.write_slot = v.write_slot.data() + first;
+  p.read_slot = read_slot;
   p.xh = static_cast<const std::byte*>(xh.raw());
   p.g = static_cast<const std::byte*>(g.raw());
   p.beta = static_cast<const std::byte*>(beta.raw());
@@ -295,13 +309,25 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   }
 }
 
+// Runs of consecutive live sequences that take the same path, in batch order (no live
+// sequence reads a slot that another writes, so the order does not matter).
 template <class Real>
 void step_cpu(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
               const StepOptions& o, const ValidatedStep& v, const Plan& decode_plan) {
-  run_prefills<Real>(in, pools, out, o, v, [&](const LayerInputs& li, const LayerOutputs& lo) {
-    fused_gdn_fwd(li, lo, o);
-  });
-  run_decodes<Real>(in, pools, out, o, v, decode_plan);
+  for (std::int64_t first = 0; first < v.mixed_end;) {
+    const bool decode = v.decode_path(first);
+    std::int64_t last = first + 1;
+    while (last < v.mixed_end && v.decode_path(last) == decode) ++last;
+    if (decode) {
+      run_decodes<Real>(in, pools, out, o, v, decode_plan, first, last);
+    } else {
+      run_prefills<Real>(in, pools, out, o, v, first, last,
+                         [&](const LayerInputs& li, const LayerOutputs& lo) {
+                           detail::fused_gdn_fwd_unchecked(li, lo, o);
+                         });
+    }
+    first = last;
+  }
   zero_rows(out, v.query_start[v.mixed_end], v.layer.tokens);
 }
 
@@ -355,10 +381,14 @@ namespace detail {
 Plan decode_plan(const StepOptions& o, const ValidatedStep& v, const cpu::PlanForce& force) {
   PlanProblem p;
   p.op = PlanOp::decode;
-  p.num_seqs = std::max<std::int64_t>(v.decode_end, 1);  // a plan for one when there are none
-  for (std::int64_t s = 0; s < v.decode_end; ++s) {
+  // Every sequence on the decode path (a plan for one when there are none).
+  p.num_seqs = 0;
+  for (std::int64_t s = 0; s < v.mixed_end; ++s) {
+    if (!v.decode_path(s)) continue;
+    ++p.num_seqs;
     p.tokens = std::max(p.tokens, v.query_start[s + 1] - v.query_start[s]);
   }
+  p.num_seqs = std::max<std::int64_t>(p.num_seqs, 1);
   p.hk = o.hk;
   p.hv = o.hv;
   p.dk = o.dk;
@@ -379,6 +409,15 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
   const bool check = check_finite_enabled(options.check_finite);
   // Only the live tokens: Tokamax's padding rows may hold anything.
   const std::int64_t live = v.query_start[static_cast<std::size_t>(v.mixed_end)];
+  // Check mode: the slots the step writes are kept, and put back when its results turn out
+  // non-finite, so that a step that throws has changed no slot (an engine may retry it).
+  StateBackup backup;
+  // Slots [slot, slot + count) of both pools, scanned.
+  auto check_slots = [&](std::int64_t slot, std::int64_t count, Written written) {
+    check_finite({{"conv_state", rows(pools.conv_state, slot, slot + count), -1, slot},
+                  {"recurrent_state", rows(pools.recurrent_state, slot, slot + count), -1, slot}},
+                 written);
+  };
   if (check) {
     check_finite({{"qkv", inputs.qkv, live},
                   {"a", inputs.a, live},
@@ -387,17 +426,33 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
                   {"conv_bias", inputs.conv_bias},
                   {"A_log", inputs.A_log},
                   {"dt_bias", inputs.dt_bias}},
-                 false);
-  }
-  {
-    const cpu::SubnormalsAsZero mode;
-    if (v.layer.dtype == DType::f64) {
-      step_cpu<double>(inputs, pools, out, options, v, plan);
-    } else {
-      step_cpu<float>(inputs, pools, out, options, v, plan);
+                 Written::nothing);
+    for (std::int64_t s = 0; s < v.mixed_end; ++s) {
+      const std::int64_t read = v.read_slot[s];
+      if (read >= 0) check_slots(read, 1, Written::nothing);
+    }
+    for (std::int64_t s = 0; s < v.mixed_end; ++s) {
+      backup.save(rows(pools.conv_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
+      backup.save(
+          rows(pools.recurrent_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
     }
   }
-  if (check) check_finite({{"out", out, live}}, true);
+  restoring_on_error(backup, [&] {
+    {
+      const cpu::SubnormalsAsZero mode;
+      if (v.layer.dtype == DType::f64) {
+        step_cpu<double>(inputs, pools, out, options, v, plan);
+      } else {
+        step_cpu<float>(inputs, pools, out, options, v, plan);
+      }
+    }
+    if (check) {
+      check_finite({{"out", out, live}}, Written::pools_restored);
+      for (std::int64_t s = 0; s < v.mixed_end; ++s) {
+        check_slots(v.write_slot[s], v.slots_written(s), Written::pools_restored);
+      }
+    }
+  });
 }
 
 }  // namespace detail

@@ -97,6 +97,20 @@ class ValidatedStep {
   std::vector<std::int64_t> query_start;  // [mixed_end + 1]
   std::vector<std::int64_t> write_slot;   // [mixed_end]: the first slot each sequence writes
   std::vector<std::int64_t> read_slot;    // [mixed_end]: the slot it starts from, -1: zeros
+
+  // Whether live sequence s runs through the decode kernel: every decode window, and every
+  // one-token sequence wherever it stands (a one-token prefill is a one-token decode: one token
+  // from the read slot's states, its states written to its slot). Fixed by the sequence alone,
+  // so that where it stands in the batch never changes its arithmetic (gdn/step.h).
+  bool decode_path(std::int64_t s) const {
+    const auto i = static_cast<std::size_t>(s);
+    return s < decode_end || query_start[i + 1] - query_start[i] == 1;
+  }
+  // The slots live sequence s writes, from write_slot[s]: a decode window's one per token.
+  std::int64_t slots_written(std::int64_t s) const {
+    const auto i = static_cast<std::size_t>(s);
+    return s < decode_end ? query_start[i + 1] - query_start[i] : 1;
+  }
 };
 
 // Checks a step (inputs, options, pools, out, the batch's slots; gdn/step.h lists the rules).

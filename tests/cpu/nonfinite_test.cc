@@ -314,6 +314,162 @@ TEST(CheckFinite, StepLooksAtLiveTokensOnlyAndLeavesThePoolsOnError) {
   EXPECT_TRUE(rows_identical(rec, p.rec_pool, 0, rec.size(0), "recurrent pool"));
 }
 
+// A v channel c of qkv whose conv overflows float32 from finite inputs: weight 1 on every tap,
+// no bias, and `big` inputs at the given token rows of qkv (and, for a sequence with history,
+// in its read slot's conv state rows). SiLU(inf) = inf, so every output of a value head that
+// reads channel c is non-finite, and so is its new state.
+constexpr float kBig = 3e38f;
+void overflow_channel(Tensor& conv_weight, Tensor& conv_bias, std::int64_t c) {
+  const std::int64_t k = conv_weight.numel() / conv_weight.size(0);
+  for (std::int64_t i = 0; i < k; ++i) conv_weight.data<float>()[c * k + i] = 1.0f;
+  conv_bias.data<float>()[c] = 0.0f;
+}
+
+// Check mode, serving step: a step whose out (or a written slot) turns out non-finite from
+// finite inputs throws, and leaves both pools bit-identical to before the call (every slot
+// it wrote put back), so that an engine that retries it does not advance a sequence twice;
+// out holds the step's values. Once for an overflow in a decode (the decode kernel), once in a
+// prefill (the layer op). Without check mode the same step runs and advances the slots.
+TEST(CheckFinite, StepThatThrowsLeavesEveryPoolSlot) {
+  using namespace step_test;
+  for (const bool in_decode : {true, false}) {
+    StepSpec spec;
+    spec.num_slots = 12;
+    spec.num_spec = 2;
+    spec.decodes = {{1, 2, 5}, {3, 4, 9}};  // a decode (slot 2), a window (slots 4 to 6)
+    spec.prefills = {{9, 8, 0}};
+    spec.continued = {{6, 10, 20}};
+    StepProblem p = make_step_problem(spec);
+    const std::int64_t d = spec.channels(), c = 2 * spec.hk * spec.dk + 3;  // a v channel
+    overflow_channel(p.conv_weight, p.conv_bias, c);
+    if (in_decode) {  // the decode's token and its history in slot 2
+      p.qkv.data<float>()[0 * d + c] = kBig;
+      for (std::int64_t r = 0; r < spec.taps - 1; ++r) {
+        p.conv_pool.data<float>()[(2 * (spec.taps - 1) + r) * d + c] = kBig;
+      }
+    } else {  // four tokens of the fresh prefill (rows 4 to 12)
+      for (std::int64_t t = 5; t < 9; ++t) p.qkv.data<float>()[t * d + c] = kBig;
+    }
+    const std::string what = in_decode ? "overflow in a decode" : "overflow in a prefill";
+    StepOptions o = p.options();
+    const StepResult unchecked = run_step(p, o);  // runs: out non-finite, slots advanced
+    bool non_finite = false;
+    for (std::int64_t i = 0; i < unchecked.out.numel(); ++i) {
+      non_finite = non_finite || !std::isfinite(unchecked.out.data<float>()[i]);
+    }
+    EXPECT_TRUE(non_finite) << what;
+    EXPECT_FALSE(rows_identical(unchecked.rec_pool, p.rec_pool, 0, spec.num_slots, "pool")) << what;
+    o.check_finite = true;
+    for (CpuIsa isa : step_test::compiled_isas()) {
+      o.isa = isa;
+      Tensor conv = clone(p.conv_pool), rec = clone(p.rec_pool);
+      Tensor out(DType::f32, {p.tokens, spec.hv * spec.dv});
+      std::string tensor, index;
+      const std::string message = non_finite_message(
+          [&] {
+            fused_gdn_step(p.inputs(), {conv.mutable_view(), rec.mutable_view()},
+                           out.mutable_view(), o);
+          },
+          &tensor, &index);
+      const std::string where = what + ", " + cpu_isa_name(isa);
+      EXPECT_EQ(tensor, "out") << where;
+      EXPECT_NE(message.find("(out is written; every pool slot is as before the call)"),
+                std::string::npos)
+          << message;
+      EXPECT_TRUE(rows_identical(conv, p.conv_pool, 0, spec.num_slots, "conv pool, " + where));
+      EXPECT_TRUE(rows_identical(rec, p.rec_pool, 0, spec.num_slots, "recurrent pool, " + where));
+    }
+  }
+}
+
+// Check mode, serving step: a NaN in the state a live sequence reads is an input, named with
+// its slot; a NaN in a slot no live sequence reads is not looked at.
+TEST(CheckFinite, StepNamesANonFiniteReadSlot) {
+  using namespace step_test;
+  StepSpec spec;
+  spec.num_slots = 8;
+  spec.decodes = {{1, 2, 5}};
+  spec.continued = {{6, 5, 20}};
+  StepProblem p = make_step_problem(spec);
+  StepOptions o = p.options();
+  o.check_finite = true;
+  p.rec_pool.data<float>()[7 * slot_numel(p.rec_pool) + 3] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(non_finite_message([&] { run_step(p, o); }), "");
+  p.rec_pool.data<float>()[5 * slot_numel(p.rec_pool) + 1 * spec.dk * spec.dv + 2 * spec.dv + 3] =
+      std::numeric_limits<float>::quiet_NaN();
+  std::string tensor, index;
+  const std::string message = non_finite_message([&] { run_step(p, o); }, &tensor, &index);
+  EXPECT_EQ(tensor, "recurrent_state");
+  EXPECT_EQ(index, "[5, 1, 2, 3]");
+  EXPECT_NE(message.find("(nothing was written)"), std::string::npos) << message;
+}
+
+// Check mode, core and layer forward with their state updated in place (the output the view of
+// the input): an output that overflows from finite inputs throws and the state is put back,
+// bit for bit; without check mode the call advances it.
+TEST(CheckFinite, InPlaceStateIsPutBackWhenAnOutputIsNonFinite) {
+  test::ProblemSpec spec;
+  spec.lengths = {30, 40};
+  spec.hk = 2;
+  spec.hv = 4;
+  spec.dk = spec.dv = 8;
+  spec.initial_state = true;
+  spec.seed = 98;
+  test::Problem p = test::make_problem(spec);
+  for (std::int64_t i = 0; i < p.v.numel(); ++i) p.v.data<float>()[i] *= 1e20f;
+  ForwardOptions o = p.options();
+  o.scale = 1e30;  // o = 1e30 q . (1e20 v): past float32
+  const ForwardShape shape = forward_shape(p.inputs(), o);
+  for (const bool check : {false, true}) {
+    o.check_finite = check;
+    Tensor state = step_test::clone(p.h0), out(DType::f32, shape.o_rank(), shape.o_sizes());
+    ForwardInputs in = p.inputs();
+    in.initial_state = state.view();
+    const std::string message = non_finite_message([&] {
+      chunk_gated_delta_rule_fwd(in, {out.mutable_view(), state.mutable_view(), {}, {}}, o);
+    });
+    if (!check) {
+      EXPECT_EQ(message, "");
+      EXPECT_FALSE(rows_identical(state, p.h0, 0, state.size(0), "state")) << "unchecked";
+      continue;
+    }
+    EXPECT_NE(message.find("output 'o' holds"), std::string::npos) << message;
+    EXPECT_NE(message.find("the states it updates in place are as before it"), std::string::npos)
+        << message;
+    EXPECT_TRUE(rows_identical(state, p.h0, 0, state.size(0), "core forward's in-place state"));
+  }
+
+  test::LayerSpec ls;
+  ls.lengths = {12, 20};
+  ls.conv_state = ls.recurrent_state = true;
+  test::LayerProblem lp = test::make_layer_problem(ls);
+  const std::int64_t d = ls.channels(), c = 2 * ls.hk * ls.dk + 1;
+  overflow_channel(lp.conv_weight, lp.conv_bias, c);
+  for (std::int64_t t = 14; t < 18; ++t) lp.qkv.data<float>()[t * d + c] = kBig;
+  LayerOptions lo = lp.options();
+  for (const bool check : {false, true}) {
+    lo.check_finite = check;
+    Tensor conv = step_test::clone(lp.conv_state), rec = step_test::clone(lp.recurrent_state);
+    Tensor out(DType::f32, {lp.qkv.size(0), ls.hv * ls.dv});
+    LayerInputs in = lp.inputs();
+    in.conv_state = conv.view();
+    in.recurrent_state = rec.view();
+    const std::string message = non_finite_message([&] {
+      fused_gdn_fwd(in, {out.mutable_view(), conv.mutable_view(), rec.mutable_view(), {}, {}}, lo);
+    });
+    if (!check) {
+      EXPECT_EQ(message, "");
+      EXPECT_FALSE(rows_identical(rec, lp.recurrent_state, 0, rec.size(0), "state")) << "unchecked";
+      continue;
+    }
+    EXPECT_NE(message.find("output 'out' holds"), std::string::npos) << message;
+    EXPECT_TRUE(
+        rows_identical(conv, lp.conv_state, 0, conv.size(0), "layer's in-place conv state"));
+    EXPECT_TRUE(rows_identical(rec, lp.recurrent_state, 0, rec.size(0),
+                               "layer's in-place recurrent state"));
+  }
+}
+
 // Without the in-kernel L2 norm, check mode warns (stderr, no error) about the first token and
 // value head whose beta ||k||^2 passes 2 (the transition then expands the state: docs/numerics.md
 // "Under stress"), counting all of them; unit keys, the L2 norm on, or check mode off: silent.

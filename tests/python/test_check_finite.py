@@ -38,6 +38,31 @@ except Exception as e:
     print(type(e).__name__, str(e))
 """
 
+# A serving step whose out overflows float32 from finite inputs (a v channel with conv weight 1
+# on every tap fed 3e38 by the token and its history): check mode raises, and both pools are
+# as before the call (the step's slots put back); without it the step runs and writes them.
+_TORCH_STEP = """
+import torch, gdn.torch
+torch.manual_seed(0)
+hk, hv, dk, dv, k = 1, 2, 8, 8, 4
+d = 2 * hk * dk + hv * dv
+c = 2 * hk * dk + 1
+qkv = torch.randn(1, d); a = torch.randn(1, hv); b = torch.randn(1, hv)
+w = torch.randn(d, k); w[c] = 1.0
+qkv[0, c] = 3e38
+conv = torch.randn(3, k - 1, d); conv[1, :, c] = 3e38
+ssm = torch.randn(3, hv, dk, dv)
+conv0, ssm0 = conv.clone(), ssm.clone()
+try:
+    gdn.torch.fused_gdn_step(qkv, a, b, w, torch.zeros(hv), torch.zeros(hv), conv, ssm,
+                             torch.tensor([1]), torch.tensor([0, 1]), torch.tensor([True]),
+                             num_k_heads=hk, num_v_heads=hv, head_k_dim=dk, head_v_dim=dv)
+    print("no error")
+except Exception as e:
+    print(type(e).__name__, str(e))
+print("pools unchanged:", torch.equal(conv, conv0) and torch.equal(ssm, ssm0))
+"""
+
 
 def _run(code, check):
     env = dict(os.environ)
@@ -56,3 +81,13 @@ def test_check_mode_names_the_nan_input_and_is_off_by_default(code):
         pytest.importorskip("torch")
     assert "input 'g' holds nan at [0, 13, 1] (nothing was written)" in _run(code, True)
     assert "no error" in _run(code, False)
+
+
+def test_check_mode_step_that_raises_leaves_both_pools():
+    pytest.importorskip("torch")
+    checked = _run(_TORCH_STEP, True)
+    assert "output 'out' holds" in checked, checked
+    assert "(out is written; every pool slot is as before the call)" in checked, checked
+    assert "pools unchanged: True" in checked, checked
+    unchecked = _run(_TORCH_STEP, False)
+    assert "no error" in unchecked and "pools unchanged: False" in unchecked, unchecked

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -39,6 +42,41 @@ inline Result gdn_cli(const std::string& args) {
   std::size_t n = 0;
   while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
   const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// gdn_cli in a child process with a file size limit of `file_size` bytes (RLIMIT_FSIZE, which
+// holds for root too; SIGXFSZ ignored, so that a write past it fails with EFBIG as on a full
+// disk instead of killing the tool), killed by SIGALRM after `seconds` (a tool that blocks,
+// e.g. on a FIFO, fails the test instead of hanging it). code is -1 when it was killed.
+inline Result gdn_cli_limited(const std::string& args, rlim_t file_size, unsigned seconds) {
+  const std::string command = std::string("exec '") + GDN_CLI_PATH + "' " + args;
+  Result r;
+  int out[2];
+  if (pipe(out) != 0) return r;
+  const pid_t pid = fork();
+  if (pid == 0) {  // only async-signal-safe calls until exec
+    dup2(out[1], 1);
+    dup2(out[1], 2);
+    close(out[0]);
+    close(out[1]);
+    signal(SIGXFSZ, SIG_IGN);
+    const struct rlimit limit = {file_size, file_size};
+    setrlimit(RLIMIT_FSIZE, &limit);
+    alarm(seconds);  // kept across exec
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  std::array<char, 4096> buf{};
+  ssize_t n = 0;
+  while ((n = read(out[0], buf.data(), buf.size())) > 0) {
+    r.output.append(buf.data(), static_cast<std::size_t>(n));
+  }
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }

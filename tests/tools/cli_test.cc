@@ -278,8 +278,9 @@ TEST_F(Cli, MatmulOptionSelectsBf16Operands) {
   EXPECT_NE(bad.output.find("--matmul"), std::string::npos) << bad.output;
   write_inputs(DType::f64);
   const Result f64 = gdn_cli("forward " + io() + " --matmul bf16");
-  EXPECT_EQ(f64.code, 1);
-  EXPECT_NE(f64.output.find("'--matmul (options.matmul_precision)'"), std::string::npos)
+  EXPECT_EQ(f64.code, 2);
+  EXPECT_NE(f64.output.find("option '--matmul': expected compute for float64 inputs"),
+            std::string::npos)
       << f64.output;
 
   const test::LayerProblem lp = write_layer_inputs();

@@ -2,6 +2,7 @@
 #include "npy.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -60,7 +61,7 @@ void expect_rejected(const std::filesystem::path& path, const std::string& fragm
 TEST(Npy, RoundTripEveryDtypeAndRank) {
   const auto dir = temp_dir();
   int n = 0;
-  for (DType dtype : {DType::f32, DType::f64, DType::i32, DType::i64}) {
+  for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::i32, DType::i64}) {
     for (const Dims& sizes : {Dims{7, 0, 0, 0}, Dims{3, 5, 0, 0}, Dims{2, 3, 4, 0},
                               Dims{2, 1, 3, 2}, Dims{0, 4, 0, 0}}) {
       int rank = 0;
@@ -115,6 +116,49 @@ TEST(Npy, ReadsWhatNumpyWrites) {
   std::filesystem::remove_all(dir);
 }
 
+// What numpy writes for np.array([1.0, -2.5, 65504], dtype='<f2'): float16, read as it is.
+TEST(Npy, ReadsFloat16) {
+  const auto dir = temp_dir();
+  const std::uint16_t bits[3] = {0x3c00, 0xc100, 0x7bff};
+  write_bytes(dir / "h.npy", npy_file("{'descr': '<f2', 'fortran_order': False, 'shape': (3,), }",
+                                      std::string(reinterpret_cast<const char*>(bits), 6)));
+  const Tensor t = npy::load((dir / "h.npy").string());
+  ASSERT_EQ(t.dtype(), DType::f16);
+  EXPECT_EQ(f16_value(static_cast<const std::uint16_t*>(t.raw())[0]), 1.0f);
+  EXPECT_EQ(f16_value(static_cast<const std::uint16_t*>(t.raw())[1]), -2.5f);
+  EXPECT_EQ(f16_value(static_cast<const std::uint16_t*>(t.raw())[2]), 65504.0f);
+  std::filesystem::remove_all(dir);
+}
+
+// A FIFO, a directory or a device is refused at once, by what it is: opening a FIFO for reading
+// would wait for a writer that never comes.
+TEST(Npy, RefusesWhatIsNotARegularFile) {
+  const auto dir = temp_dir();
+  ASSERT_EQ(mkfifo((dir / "fifo.npy").c_str(), 0600), 0);
+  expect_rejected(dir / "fifo.npy", "expected a regular .npy file, given a FIFO");
+  std::filesystem::create_directories(dir / "dir.npy");
+  expect_rejected(dir / "dir.npy", "expected a regular .npy file, given a directory");
+  expect_rejected("/dev/null", "expected a regular .npy file, given a device");
+  std::filesystem::remove_all(dir);
+}
+
+// save replaces a file whole: written to a temporary file beside it and renamed, which leaves
+// nothing else in the directory; a path that is a directory is refused before anything is
+// written.
+TEST(Npy, SaveReplacesAFileWhole) {
+  const auto dir = temp_dir();
+  Tensor a(DType::f32, {4}), b(DType::f32, {1000});
+  npy::save((dir / "x.npy").string(), a);
+  npy::save((dir / "x.npy").string(), b);
+  EXPECT_EQ(npy::load((dir / "x.npy").string()).numel(), 1000);
+  int files = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir)) ++files;
+  EXPECT_EQ(files, 1);
+  std::filesystem::create_directories(dir / "d.npy");
+  EXPECT_THROW(npy::save((dir / "d.npy").string(), a), cli::OutputError);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Npy, RejectsMalformedFiles) {
   const auto dir = temp_dir();
   const std::string ok_dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
@@ -131,9 +175,11 @@ TEST(Npy, RejectsMalformedFiles) {
               npy_file("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", data));
   expect_rejected(dir / "fortran.npy", "Fortran");
   write_bytes(
-      dir / "half.npy",
-      npy_file("{'descr': '<f2', 'fortran_order': False, 'shape': (2, 3), }", data.substr(0, 12)));
-  expect_rejected(dir / "half.npy", "unsupported dtype '<f2'");
+      dir / "bytes.npy",
+      npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 3), }", data.substr(0, 6)));
+  expect_rejected(dir / "bytes.npy",
+                  "unsupported dtype '|u1': expected <f4, <f8, <f2, <i4 or <i8 (float32, "
+                  "float64, float16, int32, int64)");
   write_bytes(dir / "big.npy",
               npy_file("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }", data));
   expect_rejected(dir / "big.npy", "big-endian");

@@ -125,20 +125,20 @@ int backward_command(int argc, char** argv) {
       grads = chunk_gated_delta_rule_bwd(bin, options);
     }
   } catch (const InvalidArgument& e) {
-    const std::string file = file_of_argument(e.argument());
-    if (file.empty()) throw;
-    throw InvalidArgument(file + " (" + e.argument() + ")", e.expected(), e.given());
+    rethrow_in_cli_names(e, args, file_of_argument(e.argument()));
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::filesystem::create_directories(out_dir);
-  npy::save(out_dir / "dq.npy", grads.dq);
-  npy::save(out_dir / "dk.npy", grads.dk);
-  npy::save(out_dir / "dv.npy", grads.dv);
-  npy::save(out_dir / "dg.npy", grads.dg);
-  npy::save(out_dir / "dbeta.npy", grads.dbeta);
-  npy::save(out_dir / "dh0.npy", grads.d_initial_state);
+  OutputFiles files;  // all in place together, or none
+  npy::save(files, out_dir / "dq.npy", grads.dq);
+  npy::save(files, out_dir / "dk.npy", grads.dk);
+  npy::save(files, out_dir / "dv.npy", grads.dv);
+  npy::save(files, out_dir / "dg.npy", grads.dg);
+  npy::save(files, out_dir / "dbeta.npy", grads.dbeta);
+  npy::save(files, out_dir / "dh0.npy", grads.d_initial_state);
+  files.commit();
   if (!args.flag("quiet")) {
     std::printf("gdn backward: residuals: %s\n", residual_note.c_str());
     std::printf("  %s in %.3f ms; wrote dq.npy dk.npy dv.npy dg.npy dbeta.npy dh0.npy to %s\n",

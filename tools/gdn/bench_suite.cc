@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "cpu/kernels.h"
 #include "gdn/gdn.h"
 #include "inputs.h"
+#include "output_files.h"
 #include "svg_plot.h"
 #include "sysinfo.h"
 
@@ -489,11 +489,13 @@ int bench_suite_command(int argc, char** argv) {
     std::snprintf(buf, sizeof buf, " %.0f GFLOP/s (%d thr)", p, n);
     title += buf;
   }
-  std::ofstream svg_file(out_path, std::ios::binary);
-  svg_file << svg::render(title, {latency, memory, percent});
-  svg_file.close();
-  if (!svg_file) {
-    std::fprintf(stderr, "gdn bench --suite: could not write %s\n", out_path.c_str());
+  // Written whole, then renamed over out_path: a failed write leaves an existing plot as it was.
+  OutputFiles svg_file;
+  try {
+    svg_file.write(out_path, {svg::render(title, {latency, memory, percent})});
+    svg_file.commit();
+  } catch (const OutputError& e) {
+    std::fprintf(stderr, "gdn bench --suite: could not write %s\n", e.what());
     return 1;
   }
   std::error_code ignored;

@@ -17,7 +17,8 @@ const char* const kForwardHelp = R"HELP(usage: gdn forward --in DIR --out DIR [o
 
 Runs the gated delta rule forward pass on tensors read from NumPy .npy files.
 
-Reads from --in (float32 or float64, C order, one dtype for all):
+Reads from --in (C order; float32 or float64, one dtype for all, or float16 q, k, v with
+float32 g, beta, h0):
   q.npy, k.npy     [T, Hk, Dk]  (or [B, T, Hk, Dk] for a dense batch)
   v.npy            [T, Hv, Dv]  (or [B, T, Hv, Dv])
   g.npy, beta.npy  [T, Hv]      (or [B, T, Hv]); g is the log-decay
@@ -28,8 +29,9 @@ Writes to --out (created if missing):
   ht.npy           [N, Hv, Dk, Dv] final states
   chunk_states.npy [total_chunks, Hv, Dk, Dv] and t_inv.npy [total_chunks, Hv, C, C]
                    with --residuals
-Outputs have the input dtype; with --reference they are float64 (the float64 reference:
-o and ht from the token recurrence, residuals from the chunked float64 form).
+o has the dtype of q, ht and the residuals that of g (float32 for float16 q); with
+--reference all are float64 (the float64 reference: o and ht from the token recurrence,
+residuals from the chunked float64 form).
 
 options:
 %s
@@ -89,20 +91,20 @@ int forward_command(int argc, char** argv) {
       result = chunk_gated_delta_rule_fwd(inputs, options, keep);
     }
   } catch (const InvalidArgument& e) {
-    const std::string file = file_of_argument(e.argument());
-    if (file.empty()) throw;
-    throw InvalidArgument(file + " (" + e.argument() + ")", e.expected(), e.given());
+    rethrow_in_cli_names(e, args, file_of_argument(e.argument()));
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::filesystem::create_directories(out_dir);
-  npy::save(out_dir / "o.npy", result.o);
-  npy::save(out_dir / "ht.npy", result.final_state);
+  OutputFiles files;  // all in place together, or none
+  npy::save(files, out_dir / "o.npy", result.o);
+  npy::save(files, out_dir / "ht.npy", result.final_state);
   if (residuals) {
-    npy::save(out_dir / "chunk_states.npy", result.chunk_states);
-    if (result.t_inv.present()) npy::save(out_dir / "t_inv.npy", result.t_inv);
+    npy::save(files, out_dir / "chunk_states.npy", result.chunk_states);
+    if (result.t_inv.present()) npy::save(files, out_dir / "t_inv.npy", result.t_inv);
   }
+  files.commit();
   if (!args.flag("quiet")) {
     const ForwardShape shape = forward_shape(inputs, options);
     std::printf(

@@ -1,6 +1,9 @@
 // inputs.cc: see inputs.h.
 #include "inputs.h"
 
+#include <cctype>
+#include <utility>
+
 #include "npy.h"
 
 namespace gdn::cli {
@@ -71,11 +74,25 @@ LayerOptions layer_options_from(const Args& args) {
 CpuIsa isa_option(const Args& args) {
   const std::string isa =
       args.choice("isa", "auto", {"auto", "generic", "avx2", "avx512", "avx512_bf16"});
-  return isa == "generic"       ? CpuIsa::generic
-         : isa == "avx2"        ? CpuIsa::avx2
-         : isa == "avx512"      ? CpuIsa::avx512
-         : isa == "avx512_bf16" ? CpuIsa::avx512_bf16
-                                : CpuIsa::automatic;
+  const CpuIsa chosen = isa == "generic"       ? CpuIsa::generic
+                        : isa == "avx2"        ? CpuIsa::avx2
+                        : isa == "avx512"      ? CpuIsa::avx512
+                        : isa == "avx512_bf16" ? CpuIsa::avx512_bf16
+                                               : CpuIsa::automatic;
+  // A variant this build or CPU cannot run is the option's error, not the library's.
+  if (chosen != CpuIsa::automatic) {
+    if (const char* why = cpu_isa_unavailable_reason(chosen)) {
+      const std::string reason = why;
+      std::string runnable = "auto";
+      for (const CpuIsa c : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16}) {
+        if (cpu_isa_unavailable_reason(c) == nullptr)
+          runnable += std::string(", ") + cpu_isa_name(c);
+      }
+      throw UsageError("option '--isa': expected a variant this build runs on this CPU (" +
+                       runnable + "), given '" + isa + "' (" + reason + ")");
+    }
+  }
+  return chosen;
 }
 
 std::string engine_name(bool reference, CpuIsa isa, MatmulPrecision matmul) {
@@ -118,7 +135,6 @@ Tensor load_cu_seqlens(const std::filesystem::path& dir) {
 }
 
 std::string file_of_argument(const std::string& argument) {
-  if (argument == "options.matmul_precision") return "--matmul";
   if (argument == "initial_state") return "h0.npy";
   if (argument == "d_o") return "do.npy";
   if (argument == "d_final_state") return "dht.npy";
@@ -126,6 +142,81 @@ std::string file_of_argument(const std::string& argument) {
     if (argument == name) return argument + ".npy";
   }
   return "";
+}
+
+namespace {
+
+// The library's option names and the flags that set them.
+constexpr std::pair<const char*, const char*> kOptionFlags[] = {
+    {"options.scale", "--scale"},
+    {"options.chunk_size", "--chunk-size"},
+    {"options.threads", "--threads"},
+    {"options.isa", "--isa"},
+    {"options.matmul_precision", "--matmul"},
+    {"options.algorithm", "--algorithm"},
+    {"options.use_qk_l2norm", "--l2norm"},
+    {"options.num_spec", "--num-spec"},
+    {"options.hk", "--hk"},
+    {"options.hv", "--hv"},
+    {"options.dk", "--dk"},
+    {"options.dv", "--dv"},
+};
+
+// Every library option name in `text` as its flag (whole names only).
+std::string in_flag_names(std::string text) {
+  for (const auto& [name, flag] : kOptionFlags) {
+    const std::string from = name;
+    for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at)) {
+      const std::size_t end = at + from.size();
+      const bool whole = end == text.size() ||
+                         !(std::isalnum(static_cast<unsigned char>(text[end])) || text[end] == '_');
+      if (!whole) {
+        at = end;
+        continue;
+      }
+      text.replace(at, from.size(), flag);
+      at += std::string(flag).size();
+    }
+  }
+  return text;
+}
+
+// A dtype name of the library ("i32") as the .npy reader's ("int32 (<i4)"); others as they are.
+std::string npy_dtype_text(const std::string& name) {
+  for (const DType d : {DType::f32, DType::f64, DType::f16, DType::i32, DType::i64}) {
+    if (name == dtype_name(d)) return npy::describe(d);
+  }
+  return name;
+}
+
+}  // namespace
+
+std::string flag_of_option(const std::string& argument) {
+  for (const auto& [name, flag] : kOptionFlags) {
+    if (argument == name) return flag;
+  }
+  return "";
+}
+
+void rethrow_in_cli_names(const InvalidArgument& e, const Args& args, const std::string& file) {
+  const std::string expected = in_flag_names(e.expected());
+  const std::string flag = flag_of_option(e.argument());
+  if (!flag.empty()) {
+    const std::string name = flag.substr(2);
+    const std::string given =
+        args.has(name) ? "'" + args.text(name, "") + "'" : in_flag_names(e.given());
+    throw UsageError("option '" + flag + "': expected " + expected + ", given " + given);
+  }
+  if (file.empty()) {
+    throw InvalidArgument(in_flag_names(e.argument()), expected, in_flag_names(e.given()));
+  }
+  // The activations' dtype list names bf16, which no .npy file holds; the reader takes f16.
+  if (expected == "dtype f32, f64, bf16 or f16") {
+    throw InvalidArgument(file + " (" + e.argument() + ")",
+                          "dtype float32, float64 or float16 (.npy <f4, <f8 or <f2)",
+                          npy_dtype_text(e.given()));
+  }
+  throw InvalidArgument(file + " (" + e.argument() + ")", expected, e.given());
 }
 
 }  // namespace gdn::cli

@@ -57,8 +57,19 @@ Tensor load_if_present(const std::filesystem::path& file);
 // dir/cu_seqlens.npy (int32 widened to int64), or an absent tensor.
 Tensor load_cu_seqlens(const std::filesystem::path& dir);
 
-// The .npy file (or the option: --matmul) behind an argument name of the library ("" when
-// none), for error messages.
+// The .npy file behind an argument name of the core op ("" when none), for error messages.
 std::string file_of_argument(const std::string& argument);
+
+// The command-line flag behind an option name of the library ("options.scale": "--scale"), or
+// "" when none.
+std::string flag_of_option(const std::string& argument);
+
+// Throws `e` again in the command line's names: an option's error as a UsageError naming its
+// flag and, when the command line gave it, the text given ("option '--scale': expected a
+// finite number representable in float32, given '1e39'"); a tensor's naming its .npy `file`
+// (none: as it is); the library's option names inside the message written as flags, and a
+// dtype list that includes what a .npy file cannot hold (bf16) as what the reader takes.
+[[noreturn]] void rethrow_in_cli_names(const InvalidArgument& e, const Args& args,
+                                       const std::string& file);
 
 }  // namespace gdn::cli

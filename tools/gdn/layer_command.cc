@@ -22,7 +22,8 @@ causal depthwise conv1d + SiLU over the projected channels, the split into q, k,
 norm, the gates beta = sigmoid(b) and g = -exp(A_log) softplus(a + dt_bias), and the gated
 delta rule. D = 2 HK DK + HV DV channels, ordered [q heads | k heads | v heads].
 
-Reads from --in (float32 or float64, C order, one dtype for all):
+Reads from --in (C order; float32 or float64, one dtype for all, or float16 qkv, a, b with
+everything else float32):
   qkv.npy               [T, D]   the projected, pre-conv channels
   a.npy, b.npy          [T, HV]  gate logits
   conv_weight.npy       [D, K] or [D, 1, K], K from 1 to 8
@@ -31,7 +32,7 @@ Reads from --in (float32 or float64, C order, one dtype for all):
   cu_seqlens.npy        optional, int64 (or int32) [N + 1]: sequence boundaries (packed batch)
   conv_state.npy        optional, [N, K - 1, D]: each sequence's last K - 1 inputs before it
   recurrent_state.npy   optional, [N, HV, DK, DV]
-Writes to --out (created if missing), in the input dtype:
+Writes to --out (created if missing), out in the dtype of qkv, the rest in that of conv_weight:
   out.npy [T, HV DV], conv_state_out.npy [N, K - 1, D], recurrent_state_out.npy [N, HV, DK, DV]
   chunk_states.npy and t_inv.npy with --residuals (for `gdn layer-backward`)
 With --reference the outputs come from the float64 reference (float64 conv and gates, then the
@@ -143,27 +144,18 @@ LayerTensors load_layer_inputs(const std::filesystem::path& dir) {
 
 // Runs `body`, naming the file (or the option) behind an invalid argument in its error.
 template <class Body>
-void naming_files(Body&& body) {
+void naming_files(const Args& args, Body&& body) {
   try {
     body();
   } catch (const InvalidArgument& e) {
-    const std::string& argument = e.argument();
-    if (argument.rfind("options.", 0) == 0) {
-      std::string option = argument.substr(8);
-      if (option == "matmul_precision") option = "matmul";
-      for (char& c : option) c = c == '_' ? '-' : c;
-      throw UsageError("option '--" + option + "': expected " + e.expected() + ", given " +
-                       e.given());
-    }
+    std::string file;
     for (const char* name :
          {"qkv", "a", "b", "conv_weight", "conv_bias", "A_log", "dt_bias", "conv_state",
           "recurrent_state", "cu_seqlens", "d_out", "d_conv_state_out", "d_recurrent_state_out",
           "chunk_states", "t_inv"}) {
-      if (argument == name) {
-        throw InvalidArgument(argument + ".npy (" + argument + ")", e.expected(), e.given());
-      }
+      if (e.argument() == name) file = e.argument() + ".npy";
     }
-    throw;
+    rethrow_in_cli_names(e, args, file);
   }
 }
 
@@ -192,7 +184,7 @@ int layer_forward_command(int argc, char** argv) {
   const LayerTensors tensors = load_layer_inputs(in_dir);
   LayerForwardResult result;
   const auto start = std::chrono::steady_clock::now();
-  naming_files([&] {
+  naming_files(args, [&] {
     result = reference ? ref::fused_gdn_fwd(tensors.inputs(), options)
                        : fused_gdn_fwd(tensors.inputs(), options,
                                        residuals ? Residuals::all : Residuals::none);
@@ -200,13 +192,15 @@ int layer_forward_command(int argc, char** argv) {
   const double seconds = seconds_since(start);
 
   std::filesystem::create_directories(out_dir);
-  npy::save(out_dir / "out.npy", result.out);
-  npy::save(out_dir / "conv_state_out.npy", result.conv_state_out);
-  npy::save(out_dir / "recurrent_state_out.npy", result.recurrent_state_out);
+  OutputFiles files;  // all in place together, or none
+  npy::save(files, out_dir / "out.npy", result.out);
+  npy::save(files, out_dir / "conv_state_out.npy", result.conv_state_out);
+  npy::save(files, out_dir / "recurrent_state_out.npy", result.recurrent_state_out);
   if (residuals) {
-    npy::save(out_dir / "chunk_states.npy", result.chunk_states);
-    npy::save(out_dir / "t_inv.npy", result.t_inv);
+    npy::save(files, out_dir / "chunk_states.npy", result.chunk_states);
+    npy::save(files, out_dir / "t_inv.npy", result.t_inv);
   }
+  files.commit();
   if (!args.flag("quiet")) {
     std::printf("gdn layer-forward: T = %lld tokens, D = %lld channels, K = %lld, %s\n",
                 static_cast<long long>(tensors.qkv.size(0)),
@@ -254,7 +248,7 @@ int layer_backward_command(int argc, char** argv) {
   std::string residual_note;
   LayerBackwardResult grads;
   const auto start = std::chrono::steady_clock::now();
-  naming_files([&] {
+  naming_files(args, [&] {
     if (reference) {
       bin.chunk_states = {};
       bin.t_inv = {};
@@ -284,10 +278,11 @@ int layer_backward_command(int argc, char** argv) {
   const double seconds = seconds_since(start);
 
   std::filesystem::create_directories(out_dir);
+  OutputFiles files;  // all in place together, or none
   std::string written;
   auto save = [&](const char* name, const Tensor& t) {
     if (!t.present()) return;
-    npy::save(out_dir / (std::string(name) + ".npy"), t);
+    npy::save(files, out_dir / (std::string(name) + ".npy"), t);
     written += std::string(written.empty() ? "" : " ") + name + ".npy";
   };
   save("d_qkv", grads.d_qkv);
@@ -299,6 +294,7 @@ int layer_backward_command(int argc, char** argv) {
   save("d_dt_bias", grads.d_dt_bias);
   save("d_conv_state", grads.d_conv_state);
   save("d_recurrent_state", grads.d_recurrent_state);
+  files.commit();
   if (!args.flag("quiet")) {
     std::printf("gdn layer-backward: residuals: %s\n", residual_note.c_str());
     std::printf("  %s in %.3f ms; wrote %s to %s\n",

@@ -4,13 +4,17 @@
 // 64 bytes and ended by '\n', then the raw data).
 #include "npy.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 namespace gdn::npy {
@@ -55,30 +59,96 @@ std::string dict_value(const std::string& path, const std::string& header, const
   return value;
 }
 
+constexpr const char* kSupported =
+    "expected <f4, <f8, <f2, <i4 or <i8 (float32, float64, float16, int32, int64)";
+
 DType parse_descr(const std::string& path, std::string descr) {
   if (descr.size() < 2 || (descr.front() != '\'' && descr.front() != '"') ||
       descr.back() != descr.front()) {
     fail(path, "malformed header: 'descr' is not a string: " + descr);
   }
   descr = descr.substr(1, descr.size() - 2);
-  if (descr.size() != 3) {
-    fail(path, "unsupported dtype '" + descr + "': expected <f4, <f8, <i4 or <i8");
-  }
+  if (descr.size() != 3) fail(path, "unsupported dtype '" + descr + "': " + kSupported);
   if (descr[0] == '>') {
     fail(path, "big-endian data ('" + descr + "') is not supported: save it with arr.astype('<" +
                    descr.substr(1) + "')");
   }
   if (descr[0] != '<' && descr[0] != '=' && descr[0] != '|') {
-    fail(path, "unsupported dtype '" + descr + "': expected <f4, <f8, <i4 or <i8");
+    fail(path, "unsupported dtype '" + descr + "': " + kSupported);
   }
   const std::string kind = descr.substr(1);
   if (kind == "f4") return DType::f32;
   if (kind == "f8") return DType::f64;
+  if (kind == "f2") return DType::f16;
   if (kind == "i4") return DType::i32;
   if (kind == "i8") return DType::i64;
-  fail(path, "unsupported dtype '" + descr +
-                 "': expected <f4, <f8, <i4 or <i8 (float32, float64, int32, int64)");
+  fail(path, "unsupported dtype '" + descr + "': " + kSupported);
 }
+
+// The descr of a dtype the format stores, or null.
+const char* descr_of(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return "<f4";
+    case DType::f64:
+      return "<f8";
+    case DType::f16:
+      return "<f2";
+    case DType::i32:
+      return "<i4";
+    case DType::i64:
+      return "<i8";
+    default:
+      return nullptr;
+  }
+}
+
+// The file, open for reading: a regular file, else NpyError at once. Opened without blocking
+// (a FIFO's open would wait for a writer) and checked with fstat before anything is read.
+class InputFile {
+ public:
+  explicit InputFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd_ < 0) fail(path, "cannot open (" + std::string(std::strerror(errno)) + ")");
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0)
+      fail(path, "cannot stat (" + std::string(std::strerror(errno)) + ")");
+    if (!S_ISREG(st.st_mode)) {
+      const char* kind = S_ISFIFO(st.st_mode)                         ? "a FIFO"
+                         : S_ISDIR(st.st_mode)                        ? "a directory"
+                         : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                         : S_ISSOCK(st.st_mode)                       ? "a socket"
+                                                                      : "not a regular file";
+      fail(path, std::string("expected a regular .npy file, given ") + kind);
+    }
+    size_ = st.st_size;
+    const int flags = ::fcntl(fd_, F_GETFL);
+    if (flags >= 0) ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);
+  }
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+  ~InputFile() { ::close(fd_); }
+
+  std::int64_t size() const { return size_; }
+  // Up to `count` bytes; fewer only at the end of the file.
+  std::int64_t read(void* to, std::int64_t count) {
+    std::int64_t done = 0;
+    while (done < count) {
+      const ssize_t n =
+          ::read(fd_, static_cast<char*>(to) + done, static_cast<std::size_t>(count - done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail(path_, "read error (" + std::string(std::strerror(errno)) + ")");
+      if (n == 0) break;
+      done += n;
+    }
+    return done;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::int64_t size_ = 0;
+};
 
 std::vector<std::int64_t> parse_shape(const std::string& path, const std::string& text) {
   if (text.size() < 2 || text.front() != '(' || text.back() != ')') {
@@ -107,17 +177,23 @@ std::vector<std::int64_t> parse_shape(const std::string& path, const std::string
 
 }  // namespace
 
+std::string describe(DType dtype) {
+  const char* name = dtype == DType::f32   ? "float32"
+                     : dtype == DType::f64 ? "float64"
+                     : dtype == DType::f16 ? "float16"
+                     : dtype == DType::i32 ? "int32"
+                     : dtype == DType::i64 ? "int64"
+                                           : dtype_name(dtype);
+  const char* descr = descr_of(dtype);
+  return std::string(name) + (descr != nullptr ? std::string(" (") + descr + ")" : "");
+}
+
 Tensor load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot open (" + std::string(std::strerror(errno)) + ")");
-  in.seekg(0, std::ios::end);
-  const std::int64_t file_size = in.tellg();
-  in.seekg(0, std::ios::beg);
-  if (file_size < 0 || !in) fail(path, "cannot read (not a regular file?)");
+  InputFile in(path);
+  const std::int64_t file_size = in.size();
 
   char preamble[12] = {};
-  in.read(preamble, 10);
-  if (in.gcount() < 10 || std::memcmp(preamble, kMagic, kMagicLength) != 0) {
+  if (in.read(preamble, 10) < 10 || std::memcmp(preamble, kMagic, kMagicLength) != 0) {
     fail(path, "not a .npy file (no \\x93NUMPY magic at the start)");
   }
   const int major = static_cast<unsigned char>(preamble[6]);
@@ -128,8 +204,7 @@ Tensor load(const std::string& path) {
         static_cast<unsigned char>(preamble[8]) | (static_cast<unsigned char>(preamble[9]) << 8);
     prefix = 10;
   } else if (major == 2 || major == 3) {
-    in.read(preamble + 10, 2);
-    if (in.gcount() < 2) fail(path, "truncated header");
+    if (in.read(preamble + 10, 2) < 2) fail(path, "truncated header");
     for (int i = 0; i < 4; ++i) {
       header_length |= static_cast<std::int64_t>(static_cast<unsigned char>(preamble[8 + i]))
                        << (8 * i);
@@ -145,8 +220,7 @@ Tensor load(const std::string& path) {
                    ", file size " + std::to_string(file_size) + " bytes)");
   }
   std::string header(static_cast<std::size_t>(header_length), '\0');
-  in.read(header.data(), header_length);
-  if (in.gcount() != header_length) fail(path, "truncated header");
+  if (in.read(header.data(), header_length) != header_length) fail(path, "truncated header");
   const std::size_t open = header.find('{'), close = header.rfind('}');
   if (open == std::string::npos || close == std::string::npos || close < open) {
     fail(path, "malformed header: no {...} dictionary");
@@ -184,35 +258,20 @@ Tensor load(const std::string& path) {
                    " (trailing bytes)");
   }
   Tensor tensor(dtype, static_cast<int>(shape.size()), sizes);
-  in.read(static_cast<char*>(tensor.raw()), data_bytes);
-  if (in.gcount() != data_bytes) fail(path, "read error");
+  if (in.read(tensor.raw(), data_bytes) != data_bytes) fail(path, "read error (file shrank)");
   return tensor;
 }
 
-void save(const std::string& path, DType dtype, int rank, const Dims& sizes, const void* data) {
-  const char* descr = nullptr;
-  switch (dtype) {
-    case DType::f32:
-      descr = "<f4";
-      break;
-    case DType::f64:
-      descr = "<f8";
-      break;
-    case DType::i32:
-      descr = "<i4";
-      break;
-    case DType::i64:
-      descr = "<i8";
-      break;
-    default:
-      fail(path, std::string("cannot write dtype ") + dtype_name(dtype));
-  }
+namespace {
+
+// The magic, version, header length and header of a file of this array.
+std::string preamble_and_header(const std::string& path, DType dtype, int rank, const Dims& sizes) {
+  const char* descr = descr_of(dtype);
+  if (descr == nullptr) fail(path, std::string("cannot write dtype ") + dtype_name(dtype));
   std::ostringstream dict;
   dict << "{'descr': '" << descr << "', 'fortran_order': False, 'shape': (";
-  std::int64_t count = 1;
   for (int i = 0; i < rank; ++i) {
     dict << sizes[i] << (rank == 1 ? "," : (i + 1 < rank ? ", " : ""));
-    count *= sizes[i];
   }
   dict << "), }";
   std::string header = dict.str();
@@ -224,14 +283,12 @@ void save(const std::string& path, DType dtype, int rank, const Dims& sizes, con
   header.append((64 - total % 64) % 64, ' ');
   header.push_back('\n');
 
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) fail(path, "cannot create (" + std::string(std::strerror(errno)) + ")");
-  out.write(kMagic, kMagicLength);
-  const std::uint32_t length = static_cast<std::uint32_t>(header.size());
+  std::string bytes(kMagic, kMagicLength);
+  const auto length = static_cast<std::uint32_t>(header.size());
   if (prefix == 10) {
     const char version[4] = {1, 0, static_cast<char>(length & 0xff),
                              static_cast<char>(length >> 8)};
-    out.write(version, 4);
+    bytes.append(version, 4);
   } else {
     const char version[6] = {2,
                              0,
@@ -239,12 +296,30 @@ void save(const std::string& path, DType dtype, int rank, const Dims& sizes, con
                              static_cast<char>((length >> 8) & 0xff),
                              static_cast<char>((length >> 16) & 0xff),
                              static_cast<char>(length >> 24)};
-    out.write(version, 6);
+    bytes.append(version, 6);
   }
-  out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  out.write(static_cast<const char*>(data),
-            static_cast<std::streamsize>(count * dtype_size(dtype)));
-  if (!out) fail(path, "write failed");
+  return bytes + header;
+}
+
+void stage(cli::OutputFiles& files, const std::string& path, DType dtype, int rank,
+           const Dims& sizes, const void* data) {
+  std::int64_t count = 1;
+  for (int i = 0; i < rank; ++i) count *= sizes[i];
+  const std::string head = preamble_and_header(path, dtype, rank, sizes);
+  files.write(path, {head, std::string_view(static_cast<const char*>(data),
+                                            static_cast<std::size_t>(count) * dtype_size(dtype))});
+}
+
+}  // namespace
+
+void save(cli::OutputFiles& files, const std::string& path, const Tensor& tensor) {
+  stage(files, path, tensor.dtype(), tensor.rank(), tensor.sizes(), tensor.raw());
+}
+
+void save(const std::string& path, DType dtype, int rank, const Dims& sizes, const void* data) {
+  cli::OutputFiles files;
+  stage(files, path, dtype, rank, sizes, data);
+  files.commit();
 }
 
 void save(const std::string& path, const Tensor& tensor) {

@@ -27,7 +27,8 @@ prefills and continued (chunked) prefills, then padding. Each live sequence read
 recurrent state from its slot of the pools (when it has history) and writes its new states
 back into the pools. Slot 0 is the null slot. The semantics are those of include/gdn/step.h.
 
-Reads from --in (float32 or float64, C order, one dtype for all floats; indices int64 or int32):
+Reads from --in (C order; float32 or float64, one dtype for all floats, or float16 qkv, a, b
+with everything else float32; indices int64 or int32):
   qkv.npy                  [T, D]   the projected, pre-conv channels, D = 2 HK DK + HV DV
   a.npy, b.npy             [T, HV]  gate logits
   conv_weight.npy          [D, K] or [D, 1, K], K from 1 to 8
@@ -44,8 +45,10 @@ Reads from --in (float32 or float64, C order, one dtype for all floats; indices 
                            state_indices; prefix caching)
   read_offsets.npy         optional, [N]: a sequence reads slot read_state_indices +
                            read_offsets
-Writes to --out (created if missing; it may be --in, to step again), in the input dtype:
-  out.npy [T, HV DV], and the updated pools conv_state.npy and recurrent_state.npy
+Writes to --out (created if missing; it may be --in, to step again):
+  out.npy [T, HV DV] in the dtype of qkv, and the updated pools conv_state.npy and
+  recurrent_state.npy; all three are written whole to temporary files first and then renamed
+  into place together, so a failed write leaves every file of --out as it was
 A decode window of n tokens (1 to 1 + --num-spec) writes the states after its token t into
 slot state_indices + t. With --reference the step runs the float64 reference (every sequence
 through the float64 layer op on its own) on the inputs converted to float64, and the outputs
@@ -116,16 +119,20 @@ Tensor load_index(const std::filesystem::path& file, bool required) {
   return t;
 }
 
-// A float tensor in float64, a copy (the reference's pools are its own). Absent stays absent;
-// a tensor of another dtype is copied as it is (indices; anything else the library reports).
+// A float tensor in float64 (float32 and float16 widened exactly), a copy (the reference's
+// pools are its own). Absent stays absent; a tensor of another dtype is copied as it is
+// (indices; anything else the library reports).
 Tensor to_f64(const Tensor& t) {
   if (!t.present()) return Tensor{};
-  const bool widen = t.dtype() == DType::f32;
-  Tensor copy(widen ? DType::f64 : t.dtype(), t.rank(), t.sizes());
-  if (widen) {
+  const bool f32 = t.dtype() == DType::f32, f16 = t.dtype() == DType::f16;
+  Tensor copy(f32 || f16 ? DType::f64 : t.dtype(), t.rank(), t.sizes());
+  double* to = f32 || f16 ? copy.data<double>() : nullptr;
+  if (f32) {
     const float* from = t.data<float>();
-    double* to = copy.data<double>();
     for (std::int64_t i = 0; i < t.numel(); ++i) to[i] = from[i];
+  } else if (f16) {
+    const auto* from = static_cast<const std::uint16_t*>(t.raw());
+    for (std::int64_t i = 0; i < t.numel(); ++i) to[i] = f16_value(from[i]);
   } else {
     std::memcpy(copy.raw(), t.raw(), t.bytes());
   }
@@ -203,7 +210,7 @@ StepTensors to_f64(const StepTensors& t) {
 
 // Runs `body`, naming the file (or the option) behind an invalid argument in its error.
 template <class Body>
-void naming_files(Body&& body) {
+void naming_files(const Args& args, Body&& body) {
   try {
     body();
   } catch (const InvalidArgument& e) {
@@ -212,20 +219,13 @@ void naming_files(Body&& body) {
       const std::string p = prefix;
       if (argument.rfind(p, 0) == 0) argument = argument.substr(p.size());
     }
-    if (argument.rfind("options.", 0) == 0) {
-      std::string option = argument.substr(8);
-      for (char& c : option) c = c == '_' ? '-' : c;
-      throw UsageError("option '--" + option + "': expected " + e.expected() + ", given " +
-                       e.given());
-    }
     // "state_indices[3]" or "seq_lens of sequence 2" are in state_indices.npy, seq_lens.npy.
     const std::string base = argument.substr(0, argument.find_first_of("[ "));
+    std::string file;
     for (const char* name : kStepFiles) {
-      if (base == name) {
-        throw InvalidArgument(base + ".npy (" + e.argument() + ")", e.expected(), e.given());
-      }
+      if (base == name) file = base + ".npy";
     }
-    throw;
+    rethrow_in_cli_names(e, args, file);
   }
 }
 
@@ -243,26 +243,18 @@ int step_command(int argc, char** argv) {
   const bool reference = args.flag("reference");
   StepTensors tensors = load_step_inputs(in_dir);
   if (reference) {
-    // One float dtype for all, as the CPU op requires, before widening hides a mismatch.
-    for (const auto& [name, t] :
-         {std::pair{"a", &tensors.a}, std::pair{"b", &tensors.b},
-          std::pair{"conv_weight", &tensors.conv_weight},
-          std::pair{"conv_bias", &tensors.conv_bias}, std::pair{"A_log", &tensors.A_log},
-          std::pair{"dt_bias", &tensors.dt_bias}, std::pair{"conv_state", &tensors.conv_state},
-          std::pair{"recurrent_state", &tensors.recurrent_state}}) {
-      if (t->present() && t->dtype() != tensors.qkv.dtype()) {
-        throw InvalidArgument(
-            std::string(name) + ".npy (" + name + ")",
-            std::string("dtype ") + dtype_name(tensors.qkv.dtype()) + " (the dtype of qkv)",
-            dtype_name(t->dtype()));
-      }
-    }
+    // The CPU op's checks first, on the files as they are: widening hides a dtype mismatch.
+    naming_files(args, [&] {
+      const std::int64_t tokens = tensors.qkv.rank() > 0 ? tensors.qkv.size(0) : 0;
+      Tensor out(tensors.qkv.dtype(), {tokens, options.hv * options.dv});
+      check_fused_gdn_step(tensors.inputs(), tensors.pools(), out.mutable_view(), options);
+    });
     tensors = to_f64(tensors);
   }
 
   Tensor out;
   const auto start = std::chrono::steady_clock::now();
-  naming_files([&] {
+  naming_files(args, [&] {
     out = reference ? ref::fused_gdn_step(tensors.inputs(), tensors.pools(), options)
                     : fused_gdn_step(tensors.inputs(), tensors.pools(), options);
   });
@@ -270,9 +262,13 @@ int step_command(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::filesystem::create_directories(out_dir);
-  npy::save(out_dir / "out.npy", out);
-  npy::save(out_dir / "conv_state.npy", tensors.conv_state);
-  npy::save(out_dir / "recurrent_state.npy", tensors.recurrent_state);
+  // All three in place together or none: with --out = --in a failed write must leave the
+  // pools of the previous step, both of them, whole.
+  OutputFiles files;
+  npy::save(files, out_dir / "out.npy", out);
+  npy::save(files, out_dir / "conv_state.npy", tensors.conv_state);
+  npy::save(files, out_dir / "recurrent_state.npy", tensors.recurrent_state);
+  files.commit();
   if (!args.flag("quiet")) {
     const std::int64_t* dist = tensors.distribution.data<std::int64_t>();
     const std::int64_t* qsl = tensors.query_start_loc.data<std::int64_t>();
