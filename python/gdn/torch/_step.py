@@ -120,7 +120,8 @@ def _batch(initial_state_indices: Tensor, cu_seqlens: Tensor,
             raise ValueError(f"gdn: argument 'cu_seqlens': expected values at most T = {tokens} "
                              f"(the tokens of qkv), given cu_seqlens[{s + 1}] = {cu[s + 1]}")
     lengths = [cu[s + 1] - cu[s] for s in range(live)]
-    # One-token continuations at the front of the batch take the decode kernel.
+    # Leading one-token continuations are labelled decodes; the library runs every one-token
+    # sequence through the decode kernel whatever its label, so the label changes no bit.
     decode_end = next((s for s in range(live) if lengths[s] != 1 or not has[s]), live)
     # A sequence has history when its total length exceeds its new tokens; padding entries are
     # never read.
@@ -187,8 +188,9 @@ def fused_gdn_step(
     ``has_initial_state[s]`` (a decode, or a continued chunked prefill), else from zeros (a
     fresh prefill), and writes its new states to the same slot. Sequences with a negative
     index (vLLM's PAD_SLOT_ID) are padding: they must come after every live one, write
-    nothing, and their tokens' output rows are zero. One-token sequences with a state at the
-    front of the batch take the decode kernel; the result does not depend on the order.
+    nothing, and their tokens' output rows are zero. Every one-token sequence takes the decode
+    kernel wherever it stands, so a sequence's result does not depend on its place in the batch
+    or on the other sequences, bit for bit.
 
     Args:
       qkv: [T, D] projected channels before the conv, D = 2 Hk Dk + Hv Dv ([q | k | v]);
