@@ -30,8 +30,10 @@
 
 #include "bindings/direct.h"
 #include "bindings/dtype_names.h"
-#include "bindings/handlers.h"
 #include "gdn/gdn.h"
+#if GDN_XLA_FFI
+#include "bindings/handlers.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -339,9 +341,11 @@ std::vector<double> time_layer(std::int64_t t, std::int64_t hk, std::int64_t hv,
   });
 }
 
+#if GDN_XLA_FFI
 nb::capsule handler(XLA_FFI_Error* (*fn)(XLA_FFI_CallFrame*)) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
+#endif
 
 }  // namespace
 }  // namespace gdn::bindings
@@ -351,6 +355,10 @@ NB_MODULE(_gdn, m) {
   m.doc() =
       "gdn's C++ library: XLA FFI handlers and trace-time validation (internal; use gdn.jax).";
   m.attr("__version__") = gdn::kVersion;
+  // Built with GDN_JAX=OFF (no jaxlib at build time: pyproject.toml), the module has no XLA FFI
+  // handlers and gdn.jax says so on import.
+  m.attr("has_xla_ffi") = static_cast<bool>(GDN_XLA_FFI);
+#if GDN_XLA_FFI
   m.def(
       "ffi_handlers",
       [] {
@@ -365,6 +373,7 @@ NB_MODULE(_gdn, m) {
         return d;
       },
       "The XLA FFI handlers (typed API), name -> capsule, for the CPU platform.");
+#endif
   m.def(
       "cpu_isa",
       [] { return std::string(gdn::cpu_isa_name(gdn::resolve_cpu_isa(gdn::CpuIsa::automatic))); },

@@ -9,6 +9,10 @@ torch.library custom ops::
     import gdn.torch
     o, final_state = gdn.torch.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True)
 
+``import gdn`` needs NumPy alone; ``gdn.jax`` needs JAX and ``gdn.torch`` PyTorch, the package's
+extras (``pip install ".[jax]"``, ``".[torch]"``, ``".[hf]"`` for transformers' models from a
+checkout), and each says which to install when its framework is missing.
+
 ``gdn.jax`` has the core op (fla's ``chunk_gated_delta_rule``), the fused layer op
 (``fused_gdn``) and Tokamax's serving call (``fused_conv1d_gdn``); docs/jax.md explains them.
 ``gdn.torch`` has fla's ``chunk_gated_delta_rule`` and ``fused_recurrent_gated_delta_rule`` as

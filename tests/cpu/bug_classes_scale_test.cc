@@ -1,5 +1,5 @@
 // bug_classes_scale_test.cc: the size, indexing and padding bug classes that shipped in other
-// GDN kernels (../shared/research/peer_bug_classes.md A5, B1, B3; issue 16), each as a test:
+// GDN kernels (docs/peers.md, section 4: A5, B1, B3; issue 16), each as a test:
 //   A5  gradients of a padding tail past cu_seqlens[N]: gdn has no such tail (cu_seqlens[N]
 //       must equal T), so the call is refused with an error naming cu_seqlens and writes
 //       nothing; a tail of empty sequences gets every gradient written;

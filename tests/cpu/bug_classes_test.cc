@@ -1,5 +1,5 @@
 // bug_classes_test.cc: the bug classes that shipped in other GDN kernels
-// (../shared/research/peer_bug_classes.md, issue 16), each as a test of its own against the
+// (docs/peers.md, section 4; issue 16), each as a test of its own against the
 // float64 reference or an invariance that needs none, on every ISA variant this CPU runs.
 //
 // Tolerances as in layer_test.cc / forward_test.cc (docs/numerics.md): float32 results within

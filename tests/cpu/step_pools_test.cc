@@ -176,7 +176,7 @@ TEST(CpuStepPools, Bf16BitIdenticalForAnyThreadCount) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tokamax's padded metadata (gdn_attention_test.py, ../shared/research/jax_integration.md).
+// Tokamax's padded metadata (its gdn_attention_test.py; docs/peers.md, section 3).
 
 // padded_mixed_prefill: query_start_loc = [0, 128, 192, 224, 240, 248] + [1] * 11, the padding
 // sequences with seq_lens 0 and state_indices 0. Prefills (two of them continued) and the same

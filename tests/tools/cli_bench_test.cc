@@ -15,6 +15,44 @@ using cli_test::gdn_cli;
 using cli_test::Result;
 namespace fs = std::filesystem;
 
+const std::string kWarned = ": the host was too busy to trust these timings (";
+
+// The noise verdict (tools/gdn/bench_noise.h) in a run's output. A test host may be busy or
+// not, so what holds either way: every JSON line carries a "noise" member with its verdict (and
+// the member ends the line's fields before any stages_ms), and the WARN line is there exactly
+// when a line says noisy. Returns the number of JSON lines.
+int expect_noise_in_json(const std::string& output, const std::string& tool) {
+  int lines = 0, noisy = 0;
+  for (std::size_t at = output.find("{\"op\": "); at != std::string::npos;
+       at = output.find("{\"op\": ", at + 1)) {
+    const std::string line = output.substr(at, output.find('\n', at) - at);
+    const std::string member = ", \"noise\": {\"noisy\": ";
+    const std::size_t noise = line.find(member);
+    EXPECT_NE(noise, std::string::npos) << line;
+    if (noise != std::string::npos) {
+      const std::string verdict = line.substr(noise + member.size(), 5);
+      EXPECT_TRUE(verdict == "true," || verdict == "false") << line;
+      noisy += verdict == "true,";
+      for (const char* field :
+           {"\"why\": \"", "\"median_over_min\": ", "\"max_over_min\": ", "\"cpu_wait\": ",
+            "\"peak_before_gflops\": ", "\"peak_after_gflops\": "}) {
+        EXPECT_NE(line.find(field, noise), std::string::npos) << field << " missing in " << line;
+      }
+    }
+    ++lines;
+  }
+  const bool warned = output.find("WARN: " + tool + kWarned) != std::string::npos;
+  EXPECT_EQ(warned, noisy > 0) << output;
+  return lines;
+}
+
+// The same for a table: rows marked "  noisy" exactly when the WARN line is there.
+void expect_noise_in_table(const std::string& output, const std::string& tool) {
+  const bool marked = output.find("  noisy\n") != std::string::npos;
+  const bool warned = output.find("WARN: " + tool + kWarned) != std::string::npos;
+  EXPECT_EQ(warned, marked) << output;
+}
+
 // `gdn plan` prints the machine and every choice with its reason; --time checks and times the
 // alternatives and says whether the chosen one is within 5 % of the best (WARN when not: the
 // machine may be busy, so either line passes here).
@@ -51,6 +89,7 @@ TEST_F(Cli, PlanPrintsChoicesAndTimesAlternatives) {
     EXPECT_TRUE(timed.output.find("within 5 % of the best tried: yes") != std::string::npos ||
                 timed.output.find("WARN: the chosen plan") != std::string::npos)
         << timed.output;
+    expect_noise_in_table(timed.output, "gdn plan --time");
   }
 
   for (const auto& [args, message] :
@@ -86,6 +125,24 @@ TEST_F(Cli, BenchJsonLines) {
   }
   EXPECT_EQ(lines, 6) << run.output;  // 3 forward cases, backward under 3 policies
   EXPECT_NE(run.output.find("PASS"), std::string::npos) << run.output;
+  EXPECT_EQ(expect_noise_in_json(run.output, "gdn bench"), 6);
+}
+
+// The table of `gdn bench` and its --help say what the noise verdict means.
+TEST_F(Cli, BenchTableMarksNoisyRowsAndHelpGivesTheThresholds) {
+  const Result run =
+      gdn_cli("bench --tokens 130 --hk 2 --hv 4 --dk 32 --dv 16 --repeats 3 --cases forward");
+  ASSERT_EQ(run.code, 0) << run.output;
+  expect_noise_in_table(run.output, "gdn bench");
+  for (const char* command : {"bench", "bench --op layer", "bench --op conv", "bench --op step",
+                              "bench --suite", "plan"}) {
+    const Result help = gdn_cli(std::string(command) + " --help");
+    ASSERT_EQ(help.code, 0) << command;
+    for (const char* text : {"Noise: a case is marked noisy", "more than 1.25x its fastest",
+                             "waited for a CPU more than 10%", "differs by more than 15%"}) {
+      EXPECT_NE(help.output.find(text), std::string::npos) << command << ": " << text;
+    }
+  }
 }
 
 // --matmul bf16: the chunked cases run with bf16 operands (and say so), the token-recurrence
@@ -203,6 +260,8 @@ TEST_F(Cli, BenchLayerAndConvJsonLines) {
   EXPECT_NE(layer.output.find("\"op\": \"layer-backward-all\""), std::string::npos);
   EXPECT_EQ(count(conv.output, {"\"median_ms\"", "\"gbytes_per_s\"", "\"check_error\""}), 4)
       << conv.output;  // memcpy, conv forward, decode, backward
+  EXPECT_EQ(expect_noise_in_json(layer.output, "gdn bench --op layer"), 4);
+  EXPECT_EQ(expect_noise_in_json(conv.output, "gdn bench --op conv"), 4);
   EXPECT_EQ(layer.output.find("FAIL"), std::string::npos) << layer.output;
   const Result bad = gdn_cli("bench --op attention");
   EXPECT_EQ(bad.code, 2);
@@ -240,6 +299,7 @@ TEST_F(Cli, BenchStepJsonLines) {
       << run.output;
   EXPECT_NE(run.output.find("\"num_spec\": 3"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("\"copy_gbps\": null"), std::string::npos) << run.output;  // mixed
+  EXPECT_EQ(expect_noise_in_json(run.output, "gdn bench --op step"), 3);
   EXPECT_EQ(run.output.find("FAIL"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("PASS"), std::string::npos) << run.output;
   const Result bad = gdn_cli("bench --op step --preset decode-3");
@@ -275,6 +335,7 @@ TEST_F(Cli, BenchSuiteJsonLinesAndPlot) {
   }
   // 2 thread counts x (2 token counts x 2 dtypes x 6 cases + 2 decode batches).
   EXPECT_EQ(lines.size(), 52u) << run.output;
+  EXPECT_EQ(expect_noise_in_json(run.output, "gdn bench --suite"), 52);
   auto count = [&](const std::string& needle) {
     int n = 0;
     for (const std::string& line : lines) n += line.find(needle) != std::string::npos ? 1 : 0;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_noise.h"
 #include "bench_util.h"
 #include "gdn/gdn.h"
 
@@ -27,6 +28,10 @@ struct CoreBenchConfig {
   std::FILE* info = stdout;  // the peak and check lines
   double peak_gflops = 0;    // the fp32 FMA peak; 0: measure it (and say so on `info`)
   bool breakdown = false;    // one more run of each chunked case, profiled stage by stage
+  // Judges each case (bench_noise.h); null: a watch of the run's own, whose WARN line ends
+  // the run on `info`. A caller that passes one prints the WARN line itself, and has started
+  // it (NoiseWatch::start) when it also passes peak_gflops.
+  NoiseWatch* noise = nullptr;
 };
 
 // One measured case.
@@ -35,6 +40,8 @@ struct CoreCaseResult {
   Timing timing;                    // with the case's peak RSS
   double flops = 0, us_per_token_head = 0, gflops = 0, peak_gflops = 0, check_error = 0;
   std::int64_t residual_bytes = 0;
+  NoiseFigures noise;  // the case's figures of noise and their verdict (bench_noise.h)
+  NoiseVerdict verdict;
   // With config.breakdown, chunked cases only: ms per stage (src/cpu/profile.h, summed over
   // threads) of one more run, and that run's wall time; empty otherwise.
   std::vector<double> stage_ms;
@@ -50,13 +57,16 @@ struct DecodeBenchConfig {
   std::int64_t batch = 1, hk = 16, hv = 32, dk = 128, dv = 128;
   int repeats = 20, threads = 1;
   CpuIsa isa = CpuIsa::generic;
-  std::FILE* info = stdout;  // the check line
+  std::FILE* info = stdout;     // the check line
+  NoiseWatch* noise = nullptr;  // judges the step (bench_noise.h); null: not judged
 };
 
 struct DecodeBenchResult {
   Timing timing;  // with the peak RSS of making, checking and timing the step
   double check_error = 0, gbps = 0, copy_gbps = 0, tokens_per_s = 0;
   std::int64_t bytes = 0, slots = 0;
+  NoiseFigures noise;  // with config.noise: the step's figures of noise and their verdict
+  NoiseVerdict verdict;
 };
 
 // Checks and times the step (and the copy of its states, the floor); 0, or 1 when the check

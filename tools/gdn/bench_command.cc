@@ -56,6 +56,8 @@ and prints the ratios of their medians: the bf16 mode against the float32 forwar
 
 options:
 %s
+%s
+
 examples:
   gdn bench
   gdn bench --threads 1
@@ -173,7 +175,7 @@ int bench_command(int argc, char** argv) {
   const Args args(kOptions, argc, argv, 2);
   args.choice("op", "core", {"core", "layer", "conv", "step"});
   if (args.flag("help")) {
-    std::printf(kBenchHelp, describe_options(kOptions).c_str());
+    std::printf(kBenchHelp, describe_options(kOptions).c_str(), noise_help().c_str());
     return 0;
   }
   const std::int64_t tokens = parse_tokens(args, 8192);
@@ -247,6 +249,8 @@ int bench_command(int argc, char** argv) {
   // One process, inputs from one seed, the float32 pass first: the ratio a host's drift
   // disturbs least. The first pass is always the float32 forward (float32 activations too).
   std::vector<CoreCaseResult> f32_rows, bf16_rows;
+  NoiseWatch noise(isa);
+  config.noise = &noise;
   config.matmul = MatmulPrecision::compute;
   config.dtype = DType::f32;
   if (!json) std::printf("\n-- float32 activations, float32 matrix operands --\n");
@@ -269,6 +273,7 @@ int bench_command(int argc, char** argv) {
                    ratio >= 1 ? ratio : 1 / ratio, ratio >= 1 ? "faster" : "SLOWER");
     }
   }
+  noise.warn(info, "gdn bench");
   return 0;
 }
 
@@ -518,6 +523,11 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
       }
     }
   }
+  NoiseWatch own_noise(isa);
+  NoiseWatch& noise = config.noise != nullptr ? *config.noise : own_noise;
+  // A caller that gives both the watch and the peak has started the watch itself (the suite:
+  // its watch then holds the peak measured after the previous case, the newer one).
+  if (config.noise == nullptr || !(config.peak_gflops > 0)) noise.start(threads, peak);
 
   std::vector<Timing> timings;
   std::vector<CoreCaseResult> breakdowns;
@@ -540,8 +550,10 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
                    c.op.c_str(), c.impl.c_str());
       return 1;
     }
-    Timing t = time_runs(c.run, repeats, c.op + " " + c.impl + " (residuals " + c.residuals + ")");
+    const std::string label = c.op + " " + c.impl + " (residuals " + c.residuals + ")";
+    Timing t = time_runs(c.run, repeats, label);
     t.peak_rss = peak_rss_bytes();
+    const NoiseVerdict verdict = noise.judge(label, t);
     const double us_per = t.median_ms * 1e3 / static_cast<double>(total * hv);
     const double gflops = c.flops / (t.median_ms * 1e-3) * 1e-9;
     CoreCaseResult result;
@@ -555,6 +567,8 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
     result.peak_gflops = peak;
     result.check_error = error;
     result.residual_bytes = c.residual_bytes;
+    result.noise = noise.last();
+    result.verdict = verdict;
     if (config.breakdown && c.impl == "chunked") {
       progress("  %s %s (residuals %s): one more run, profiled", c.op.c_str(), c.impl.c_str(),
                c.residuals.c_str());
@@ -580,7 +594,7 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
           "\"hv\": %lld, \"dk\": %lld, \"dv\": %lld, \"chunk_size\": %d, \"repeats\": %d, "
           "\"median_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, \"us_per_token_head\": %.5f, "
           "\"gflops\": %.2f, \"peak_gflops\": %.2f, \"pct_peak\": %.2f, \"residual_bytes\": %lld, "
-          "\"peak_rss_bytes\": %lld, \"check_error\": %.3e%s%s}\n",
+          "\"peak_rss_bytes\": %lld, \"check_error\": %.3e, %s%s%s}\n",
           (c.op == "backward" ? "backward-" + c.residuals : c.op).c_str(), c.impl.c_str(),
           c.residuals.c_str(), dtype_name(dtype),
           matmul_precision_name(c.impl == "recurrent" ? MatmulPrecision::compute : config.matmul),
@@ -588,17 +602,17 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
           static_cast<long long>(hk), static_cast<long long>(hv), static_cast<long long>(dk),
           static_cast<long long>(dv), chunk, repeats, t.median_ms, t.min_ms, t.max_ms, us_per,
           gflops, peak, 100 * gflops / peak, static_cast<long long>(c.residual_bytes),
-          static_cast<long long>(t.peak_rss), error,
+          static_cast<long long>(t.peak_rss), error, noise_json(result.noise, verdict).c_str(),
           result.stage_ms.empty() ? "" : ", \"stages_ms\": ",
           result.stage_ms.empty() ? "" : breakdown_json(result).c_str());
     } else {
       char range[64], row[256];
       std::snprintf(range, sizeof range, "(%.2f - %.2f)", t.min_ms, t.max_ms);
       std::snprintf(row, sizeof row,
-                    "%-9s %-10s %-6s %11.2f %21s %12.3f %9.1f %6.1f%% %14.1f %13.1f\n",
+                    "%-9s %-10s %-6s %11.2f %21s %12.3f %9.1f %6.1f%% %14.1f %13.1f%s\n",
                     c.op.c_str(), c.impl.c_str(), c.residuals.c_str(), t.median_ms, range, us_per,
                     gflops, 100 * gflops / peak, static_cast<double>(c.residual_bytes) / (1 << 20),
-                    static_cast<double>(t.peak_rss) / (1 << 20));
+                    static_cast<double>(t.peak_rss) / (1 << 20), verdict.noisy ? "  noisy" : "");
       rows.push_back(row);
     }
     std::fflush(stdout);
@@ -635,6 +649,7 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
         threads, threads == 1 ? "" : "s", threads);
     for (const CoreCaseResult& r : breakdowns) print_breakdown(stdout, config, r);
   }
+  if (config.noise == nullptr) noise.warn(info, "gdn bench");
   return 0;
 }
 

@@ -14,6 +14,7 @@
 #include "args.h"
 #include "bench/cost_model.h"
 #include "bench/error_stats.h"
+#include "bench_noise.h"
 #include "bench_util.h"
 #include "commands.h"
 #include "cpu/kernels.h"
@@ -46,6 +47,8 @@ models (conv K = 4, no conv bias, Dk = Dv = 128):
 
 options:
 %s
+%s
+
 examples:
   gdn bench --op layer
   gdn bench --op layer --model qwen3-next --seq 8k --threads 1
@@ -68,6 +71,9 @@ The default is the size ggml's conv + SiLU was measured at (docs/perf.md): 8192 
 
 options:
 %s
+%s
+The conv's cases report no %% of peak, so their noise is judged without the peak check.
+
 examples:
   gdn bench --op conv
   gdn bench --op conv --threads 1 --json
@@ -343,7 +349,7 @@ Timing time_core(const LayerData& d, bool backward, Residuals kept, int repeats,
 int bench_layer_command(int argc, char** argv) {
   const Args args(kLayerOptions, argc, argv, 2);
   if (args.flag("help")) {
-    std::printf(kBenchLayerHelp, describe_options(kLayerOptions).c_str());
+    std::printf(kBenchLayerHelp, describe_options(kLayerOptions).c_str(), noise_help().c_str());
     return 0;
   }
   const std::string model_name = args.choice("model", "all", {"all", "qwen3-next", "qwen3.5-397b"});
@@ -379,6 +385,8 @@ int bench_layer_command(int argc, char** argv) {
   progress("%s", "");
   std::fprintf(info, "fp32 FMA peak, measured now (%s, %d thread%s): %.1f GFLOP/s\n",
                cpu_isa_name(isa), threads, threads == 1 ? "" : "s", peak);
+  NoiseWatch noise(isa);
+  noise.start(threads, peak);
 
   std::vector<std::string> rows;
   for (const Model& m : kModels) {
@@ -481,10 +489,14 @@ int bench_layer_command(int argc, char** argv) {
           t = time_runs(run, repeats, label);
         }
         t.peak_rss = peak_rss_bytes();
+        NoiseVerdict verdict = noise.judge(label, t);
+        const NoiseFigures figures = noise.last();
         // The baseline of the same run: the gated delta rule alone on the same shape, reading
         // q, k, v as the layer does (column views of a [T, D] array: qkv stands in for xh).
         progress("  %s: the gated delta rule alone...", label.c_str());
         const Timing core = time_core(d, bwd, kept, repeats, label + " (gated delta rule alone)");
+        verdict.add("its baseline, the gated delta rule alone",
+                    noise.judge(label + " (gated delta rule alone)", core));
         const double us_per = t.median_ms * 1e3 / static_cast<double>(tokens * m.hv);
         const double gflops = flops / (t.median_ms * 1e-3) * 1e-9;
         const std::string op = bwd ? std::string("layer-backward-") + residuals_name(kept)
@@ -498,7 +510,7 @@ int bench_layer_command(int argc, char** argv) {
               "\"max_ms\": %.4f, \"us_per_token_head\": %.5f, \"gflops\": %.2f, "
               "\"peak_gflops\": %.2f, \"pct_peak\": %.2f, \"residual_bytes\": %lld, "
               "\"peak_rss_bytes\": %lld, \"core_median_ms\": %.4f, \"vs_core\": %.3f, "
-              "\"check_error\": %.3e}\n",
+              "\"check_error\": %.3e, %s}\n",
               op.c_str(), m.name, bwd ? residuals_name(kept) : "none", dtype_name(dtype),
               cpu_isa_name(isa), threads, static_cast<long long>(tokens),
               static_cast<long long>(m.hk), static_cast<long long>(m.hv),
@@ -506,19 +518,20 @@ int bench_layer_command(int argc, char** argv) {
               static_cast<long long>(d.channels), static_cast<long long>(kTaps), repeats,
               t.median_ms, t.min_ms, t.max_ms, us_per, gflops, peak, 100 * gflops / peak,
               static_cast<long long>(residual_bytes), static_cast<long long>(t.peak_rss),
-              core.median_ms, t.median_ms / core.median_ms, error);
+              core.median_ms, t.median_ms / core.median_ms, error,
+              noise_json(figures, verdict).c_str());
           std::fflush(stdout);
         } else {
           char range[64], row[320];
           std::snprintf(range, sizeof range, "(%.1f - %.1f)", t.min_ms, t.max_ms);
           std::snprintf(row, sizeof row,
                         "%-13s %6lld  %-20s %10.1f %19s %11.3f %8.1f %6.1f%% %10.1f %10.1f %9.1f "
-                        "%6.2fx\n",
+                        "%6.2fx%s\n",
                         m.name, static_cast<long long>(tokens), op.c_str(), t.median_ms, range,
                         us_per, gflops, 100 * gflops / peak,
                         static_cast<double>(residual_bytes) / (1 << 20),
                         static_cast<double>(t.peak_rss) / (1 << 20), core.median_ms,
-                        t.median_ms / core.median_ms);
+                        t.median_ms / core.median_ms, verdict.noisy ? "  noisy" : "");
           rows.push_back(row);
         }
       }
@@ -535,13 +548,14 @@ int bench_layer_command(int argc, char** argv) {
         "x core: the layer op's median over it.\n",
         threads, threads == 1 ? "" : "s", threads);
   }
+  noise.warn(info, "gdn bench --op layer");
   return 0;
 }
 
 int bench_conv_command(int argc, char** argv) {
   const Args args(kConvOptions, argc, argv, 2);
   if (args.flag("help")) {
-    std::printf(kBenchConvHelp, describe_options(kConvOptions).c_str());
+    std::printf(kBenchConvHelp, describe_options(kConvOptions).c_str(), noise_help().c_str());
     return 0;
   }
   const std::int64_t channels = args.integer("channels", 8192, 1, std::int64_t{1} << 20);
@@ -694,6 +708,8 @@ int bench_conv_command(int argc, char** argv) {
   };
   std::vector<std::string> rows;
   double memcpy_ms = 0;
+  NoiseWatch noise(isa);
+  noise.start(threads, 0);  // no peak in this benchmark
   for (const ConvCase& c : cases) {
     c.run();  // warm-up
     double error = 0;
@@ -709,6 +725,7 @@ int bench_conv_command(int argc, char** argv) {
       }
     }
     const Timing t = time_runs(c.run, repeats, c.op);
+    const NoiseVerdict verdict = noise.judge(c.op, t);
     if (c.op == "memcpy") memcpy_ms = t.median_ms;
     const double gbps = static_cast<double>(c.bytes) / (t.median_ms * 1e-3) * 1e-9;
     const std::int64_t rows_of_case = c.op == "conv-decode" ? decode_seqs : tokens;
@@ -717,20 +734,22 @@ int bench_conv_command(int argc, char** argv) {
           "{\"op\": \"%s\", \"dtype\": \"f32\", \"isa\": \"%s\", \"threads\": %d, \"tokens\": "
           "%lld, \"channels\": %lld, \"taps\": %lld, \"repeats\": %d, \"median_ms\": %.4f, "
           "\"min_ms\": %.4f, \"max_ms\": %.4f, \"ns_per_token\": %.3f, \"gbytes_per_s\": %.2f, "
-          "\"vs_memcpy\": %.3f, \"check_error\": %.3e}\n",
+          "\"vs_memcpy\": %.3f, \"check_error\": %.3e, %s}\n",
           c.op.c_str(), cpu_isa_name(isa), threads, static_cast<long long>(rows_of_case),
           static_cast<long long>(channels), static_cast<long long>(taps), repeats, t.median_ms,
           t.min_ms, t.max_ms, t.median_ms * 1e6 / static_cast<double>(rows_of_case), gbps,
-          memcpy_ms > 0 && c.op != "conv-decode" ? t.median_ms / memcpy_ms : 0.0, error);
+          memcpy_ms > 0 && c.op != "conv-decode" ? t.median_ms / memcpy_ms : 0.0, error,
+          noise_json(noise.last(), verdict).c_str());
       std::fflush(stdout);
     } else {
       char range[64], ratio[32], row[256];
       std::snprintf(range, sizeof range, "(%.2f - %.2f)", t.min_ms, t.max_ms);
       std::snprintf(ratio, sizeof ratio, "%.2fx", memcpy_ms > 0 ? t.median_ms / memcpy_ms : 0.0);
-      std::snprintf(row, sizeof row, "%-14s %8lld %10.3f %19s %12.1f %8.1f %11s\n", c.op.c_str(),
+      std::snprintf(row, sizeof row, "%-14s %8lld %10.3f %19s %12.1f %8.1f %11s%s\n", c.op.c_str(),
                     static_cast<long long>(rows_of_case), t.median_ms, range,
                     t.median_ms * 1e6 / static_cast<double>(rows_of_case), gbps,
-                    c.op == "memcpy" || c.op == "conv-decode" ? "-" : ratio);
+                    c.op == "memcpy" || c.op == "conv-decode" ? "-" : ratio,
+                    verdict.noisy ? "  noisy" : "");
       rows.push_back(row);
     }
   }
@@ -742,6 +761,7 @@ int bench_conv_command(int argc, char** argv) {
         "\nGB/s counts the bytes each case must move: input and output rows (and the conv "
         "states of the decode step; the backward reads x and dxh and writes dx).\n");
   }
+  noise.warn(info, "gdn bench --op conv");
   return 0;
 }
 

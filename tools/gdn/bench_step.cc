@@ -55,6 +55,10 @@ models (conv K = 4, no conv bias, Dk = Dv = 128):
 
 options:
 %s
+%s
+A step reports no %% of peak, so its noise is judged without the peak check; a batch without
+prefills is judged with the copy of its states, its baseline.
+
 examples:
   gdn bench --op step
   gdn bench --op step --preset decode-1,decode-256 --threads 1
@@ -512,10 +516,12 @@ struct StepMeasurement {
   Timing timing;
   double error = 0, gbps = 0, copy_gbps = 0;
   std::int64_t bytes = 0;
+  NoiseFigures noise;  // with a watch: the step's figures and the verdict (with its copy's)
+  NoiseVerdict verdict;
 };
 
 int measure_step(const Preset& p, const Model& m, int threads, CpuIsa isa, int repeats,
-                 bool bf16_pools, std::FILE* info, StepMeasurement* result) {
+                 bool bf16_pools, std::FILE* info, NoiseWatch* noise, StepMeasurement* result) {
   const std::int64_t channels = 2 * m.hk * m.dk + m.hv * m.dv;
   const std::string label = m.name + " " + p.name;
   progress("  %s: generating inputs...", label.c_str());
@@ -561,6 +567,10 @@ int measure_step(const Preset& p, const Model& m, int threads, CpuIsa isa, int r
   }
   result->timing = time_runs(run, repeats, label);
   const Timing& t = result->timing;
+  if (noise != nullptr) {
+    result->verdict = noise->judge(label, t);
+    result->noise = noise->last();
+  }
 
   // Bytes the step must move: states read and written, input rows, output rows.
   const std::int64_t pool_element = bf16_pools ? 2 : 4;
@@ -587,6 +597,10 @@ int measure_step(const Preset& p, const Model& m, int threads, CpuIsa isa, int r
     auto copy = [&] { parallel_copy(to.raw(), from, state_bytes, threads); };
     copy();  // warm-up
     const Timing c = time_runs(copy, repeats, label + " (copy of the states)");
+    if (noise != nullptr) {
+      result->verdict.add("its baseline, the copy of the states",
+                          noise->judge(label + " (copy of the states)", c));
+    }
     result->copy_gbps = 2.0 * static_cast<double>(copy_bytes) / (c.median_ms * 1e-3) * 1e-9;
   }
   return 0;
@@ -597,7 +611,8 @@ int measure_step(const Preset& p, const Model& m, int threads, CpuIsa isa, int r
 int bench_step_command(int argc, char** argv) {
   const Args args(kStepOptions, argc, argv, 2);
   if (args.flag("help")) {
-    std::printf(kBenchStepHelp, preset_list().c_str(), describe_options(kStepOptions).c_str());
+    std::printf(kBenchStepHelp, preset_list().c_str(), describe_options(kStepOptions).c_str(),
+                noise_help().c_str());
     return 0;
   }
   std::vector<const Preset*> presets;
@@ -658,6 +673,8 @@ int bench_step_command(int argc, char** argv) {
   std::fprintf(info, "machine: %s; ISA %s; %d thread%s\n", cpu_model_name().c_str(),
                cpu_isa_name(isa), threads, threads == 1 ? "" : "s");
 
+  NoiseWatch noise(isa);
+  noise.start(threads, 0);  // no peak in this benchmark
   std::vector<std::string> rows;
   for (const Model& m : models) {
     const std::int64_t channels = 2 * m.hk * m.dk + m.hv * m.dv;
@@ -667,7 +684,9 @@ int bench_step_command(int argc, char** argv) {
                  static_cast<long long>(channels));
     for (const Preset* p : presets) {
       StepMeasurement sm;
-      if (measure_step(*p, m, threads, isa, repeats, bf16_pools, info, &sm) != 0) return 1;
+      if (measure_step(*p, m, threads, isa, repeats, bf16_pools, info, &noise, &sm) != 0) {
+        return 1;
+      }
       const StepData& d = sm.d;
       const Timing& t = sm.timing;
       const double error = sm.error, gbps = sm.gbps, copy_gbps = sm.copy_gbps;
@@ -688,7 +707,7 @@ int bench_step_command(int argc, char** argv) {
             "%lld, \"decodes\": %lld, \"prefills\": %lld, \"tokens\": %lld, \"slots\": %lld, "
             "\"repeats\": %d, \"median_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, "
             "\"tokens_per_s\": %.1f, \"bytes\": %lld, \"gbps\": %.2f, %s, \"check_error\": "
-            "%.3e}\n",
+            "%.3e, %s}\n",
             p->name, m.name.c_str(), pools_name, cpu_isa_name(isa), threads,
             static_cast<long long>(m.hk), static_cast<long long>(m.hv),
             static_cast<long long>(m.dk), static_cast<long long>(m.dv),
@@ -697,7 +716,7 @@ int bench_step_command(int argc, char** argv) {
             static_cast<long long>(d.decodes), static_cast<long long>(d.prefills),
             static_cast<long long>(d.live_tokens), static_cast<long long>(d.slots), repeats,
             t.median_ms, t.min_ms, t.max_ms, tokens_per_s, static_cast<long long>(bytes), gbps,
-            copy_fields, error);
+            copy_fields, error, noise_json(sm.noise, sm.verdict).c_str());
         std::fflush(stdout);
       } else {
         char range[64], copy_text[32] = "-", pct[32] = "-", row[320];
@@ -707,10 +726,11 @@ int bench_step_command(int argc, char** argv) {
           std::snprintf(pct, sizeof pct, "%.1f%%", 100 * gbps / copy_gbps);
         }
         std::snprintf(row, sizeof row,
-                      "%-13s %-17s %5lld %6lld %5lld %11.1f %21s %11.0f %8.1f %9s %7s\n",
+                      "%-13s %-17s %5lld %6lld %5lld %11.1f %21s %11.0f %8.1f %9s %7s%s\n",
                       m.name.c_str(), p->name, static_cast<long long>(d.seqs),
                       static_cast<long long>(d.live_tokens), static_cast<long long>(d.slots),
-                      t.median_ms * 1e3, range, tokens_per_s, gbps, copy_text, pct);
+                      t.median_ms * 1e3, range, tokens_per_s, gbps, copy_text, pct,
+                      sm.verdict.noisy ? "  noisy" : "");
         rows.push_back(row);
       }
     }
@@ -727,6 +747,7 @@ int bench_step_command(int argc, char** argv) {
         "threads (batches without prefills).\n",
         threads, threads == 1 ? "" : "s");
   }
+  noise.warn(info, "gdn bench --op step");
   return 0;
 }
 
@@ -737,7 +758,7 @@ int run_decode_bench(const DecodeBenchConfig& config, DecodeBenchResult* result)
   reset_peak_rss();
   StepMeasurement sm;
   if (measure_step(preset, model, config.threads, config.isa, config.repeats, false, config.info,
-                   &sm) != 0) {
+                   config.noise, &sm) != 0) {
     return 1;
   }
   result->timing = sm.timing;
@@ -747,6 +768,8 @@ int run_decode_bench(const DecodeBenchConfig& config, DecodeBenchResult* result)
   result->copy_gbps = sm.copy_gbps;
   result->bytes = sm.bytes;
   result->slots = sm.d.slots;
+  result->noise = sm.noise;
+  result->verdict = sm.verdict;
   result->tokens_per_s = static_cast<double>(sm.d.live_tokens) / (sm.timing.median_ms * 1e-3);
   return 0;
 }

@@ -12,6 +12,7 @@
 #include "args.h"
 #include "bench/cost_model.h"
 #include "bench_cases.h"
+#include "bench_noise.h"
 #include "bench_util.h"
 #include "commands.h"
 #include "cpu/kernels.h"
@@ -59,6 +60,10 @@ estimate go to stderr.
 
 options:
 %s
+%s
+The peak check compares the peak measured after each case with the one before it (after the
+previous case; the first case of each thread count: that thread count's peak).
+
 examples:
   gdn bench --suite
   gdn bench --suite --seq 8k --threads 1,all --repeats 3
@@ -104,6 +109,7 @@ struct Row {
   Timing timing;
   double us_per = 0, gflops = 0, pct = 0;
   std::int64_t residual_bytes = 0;
+  bool noisy = false;  // bench_noise.h
 };
 
 // The row's name in the table and the plot.
@@ -200,7 +206,8 @@ void print_targets(std::FILE* out, const std::vector<Row>& rows,
 int bench_suite_command(int argc, char** argv) {
   const Args args(kSuiteOptions, argc, argv, 2);
   if (args.flag("help")) {
-    std::printf(kSuiteHelp, kBf16Note, describe_options(kSuiteOptions).c_str());
+    std::printf(kSuiteHelp, kBf16Note, describe_options(kSuiteOptions).c_str(),
+                noise_help().c_str());
     return 0;
   }
   const bool quick = args.flag("quick");
@@ -274,6 +281,7 @@ int bench_suite_command(int argc, char** argv) {
   std::fflush(info);
 
   std::vector<Row> rows;
+  NoiseWatch noise(isa);
   std::vector<std::pair<int, double>> peaks;
   std::vector<std::pair<CoreBenchConfig, CoreCaseResult>> profiled;  // for the breakdown
   const int steps =
@@ -284,6 +292,7 @@ int bench_suite_command(int argc, char** argv) {
                  threads_text(threads).c_str());
     const double peak = cpu::measure_fma_peak_gflops(isa, threads);
     peaks.emplace_back(threads, peak);
+    noise.start(threads, peak);
     std::fprintf(info, "fp32 FMA peak, measured now (%s, %s): %.1f GFLOP/s\n", cpu_isa_name(isa),
                  threads_text(threads).c_str(), peak);
     std::fflush(info);
@@ -325,6 +334,7 @@ int bench_suite_command(int argc, char** argv) {
         config.table = false;
         config.info = stderr;
         config.peak_gflops = peak;
+        config.noise = &noise;
         // One thread, float32: the targets' setting; one more run of each chunked case with
         // the stage clocks on, for the breakdown.
         config.breakdown = profiled_step;
@@ -334,7 +344,8 @@ int bench_suite_command(int argc, char** argv) {
           if (!c.stage_ms.empty()) profiled.push_back({config, c});
           rows.push_back({c.op == "backward" ? "backward-" + c.residuals : c.op, c.impl,
                           c.residuals, dtype_name(dtype), threads, tokens, c.timing,
-                          c.us_per_token_head, c.gflops, 100 * c.gflops / peak, c.residual_bytes});
+                          c.us_per_token_head, c.gflops, 100 * c.gflops / peak, c.residual_bytes,
+                          c.verdict.noisy});
         }
       }
     }
@@ -351,6 +362,7 @@ int bench_suite_command(int argc, char** argv) {
       config.threads = threads;
       config.isa = isa;
       config.info = stderr;
+      config.noise = &noise;
       DecodeBenchResult d;
       if (run_decode_bench(config, &d) != 0) return 1;
       const Timing& t = d.timing;
@@ -358,7 +370,7 @@ int bench_suite_command(int argc, char** argv) {
       const double gflops =
           bench::recurrent_forward_flops(batch, hv, dk, dv) / (t.median_ms * 1e-3) * 1e-9;
       rows.push_back({"decode", "step", "none", "f32", threads, batch, t, us_per, gflops,
-                      100 * gflops / peak, 0});
+                      100 * gflops / peak, 0, d.verdict.noisy});
       if (json) {
         std::printf(
             "{\"op\": \"decode\", \"impl\": \"step\", \"residuals\": \"none\", \"dtype\": "
@@ -367,13 +379,13 @@ int bench_suite_command(int argc, char** argv) {
             "\"repeats\": %d, \"median_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f, "
             "\"us_per_token_head\": %.5f, \"gflops\": %.2f, \"peak_gflops\": %.2f, \"pct_peak\": "
             "%.2f, \"residual_bytes\": 0, \"peak_rss_bytes\": %lld, \"check_error\": %.3e, "
-            "\"gbps\": %.2f, \"copy_gbps\": %.2f, \"vs_copy\": %.2f}\n",
+            "\"gbps\": %.2f, \"copy_gbps\": %.2f, \"vs_copy\": %.2f, %s}\n",
             cpu_isa_name(isa), threads, static_cast<long long>(batch),
             static_cast<long long>(batch), static_cast<long long>(hk), static_cast<long long>(hv),
             static_cast<long long>(dk), static_cast<long long>(dv), chunk, config.repeats,
             t.median_ms, t.min_ms, t.max_ms, us_per, gflops, peak, 100 * gflops / peak,
             static_cast<long long>(t.peak_rss), d.check_error, d.gbps, d.copy_gbps,
-            100 * d.gbps / d.copy_gbps);
+            100 * d.gbps / d.copy_gbps, noise_json(d.noise, d.verdict).c_str());
         std::fflush(stdout);
       }
     }
@@ -386,17 +398,18 @@ int bench_suite_command(int argc, char** argv) {
     for (const Row& r : rows) {
       char range[64];
       std::snprintf(range, sizeof range, "(%.2f - %.2f)", r.timing.min_ms, r.timing.max_ms);
-      std::printf("%-26s %-8d %7s %11.3f %21s %12.3f %9.1f %6.1f%% %13.1f %13.1f\n",
+      std::printf("%-26s %-8d %7s %11.3f %21s %12.3f %9.1f %6.1f%% %13.1f %13.1f%s\n",
                   label_of(r).c_str(), r.threads, tokens_text(r.tokens).c_str(), r.timing.median_ms,
                   range, r.us_per, r.gflops, r.pct,
                   static_cast<double>(r.residual_bytes) / (1 << 20),
-                  static_cast<double>(r.timing.peak_rss) / (1 << 20));
+                  static_cast<double>(r.timing.peak_rss) / (1 << 20), r.noisy ? "  noisy" : "");
     }
     std::printf(
         "\ndecode: one serving step of `tokens` sequences of one token each (tokens = "
         "batch); GFLOP/s counts the token recurrence.\n");
   }
   print_targets(info, rows, profiled, quick);
+  noise.warn(info, "gdn bench --suite");
 
   // The plot.
   std::vector<std::string> labels;  // in the order of the rows

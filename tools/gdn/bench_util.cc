@@ -12,6 +12,7 @@
 
 #include "bench/error_stats.h"
 #include "gdn/plan.h"
+#include "sysinfo.h"
 
 namespace gdn::cli {
 
@@ -27,6 +28,7 @@ void progress(const char* format, ...) {
 
 Timing time_runs(const std::function<void()>& run, int repeats, const std::string& label) {
   std::vector<double> ms;
+  const SchedTimes sched_before = sched_times();
   for (int r = 0; r < repeats; ++r) {
     const auto start = std::chrono::steady_clock::now();
     run();
@@ -34,9 +36,12 @@ Timing time_runs(const std::function<void()>& run, int repeats, const std::strin
                      .count());
     progress("  %s: run %d/%d took %.2f ms", label.c_str(), r + 1, repeats, ms.back());
   }
+  const SchedTimes sched_after = sched_times();
   progress("%s", "");
   std::sort(ms.begin(), ms.end());
   Timing t;
+  t.repeats = repeats;
+  t.cpu_wait = cpu_wait_fraction(sched_before, sched_after);
   t.min_ms = ms.front();
   t.max_ms = ms.back();
   t.median_ms =

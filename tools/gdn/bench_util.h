@@ -35,10 +35,14 @@ void progress(const char* format, ...) __attribute__((format(printf, 1, 2)));
 struct Timing {
   double median_ms = 0, min_ms = 0, max_ms = 0;
   std::int64_t peak_rss = 0;
+  int repeats = 0;
+  // The share of the process's runnable time spent waiting for a CPU during the repeats
+  // (sysinfo.h); -1 if unknown. A sign of other work on the cores (bench_noise.h).
+  double cpu_wait = -1;
 };
 
 // Runs `run` `repeats` times (after whatever warm-up the caller did), showing progress under
-// `label`; median, min and max.
+// `label`; median, min, max and the CPU wait over the repeats.
 Timing time_runs(const std::function<void()>& run, int repeats, const std::string& label);
 
 // A token count such as 8192, 8k or 64k (at most 2^24).

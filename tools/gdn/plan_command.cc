@@ -12,6 +12,7 @@
 #include "api/step_plan.h"
 #include "api/validate.h"
 #include "args.h"
+#include "bench_noise.h"
 #include "bench_util.h"
 #include "commands.h"
 #include "cpu/backward.h"
@@ -48,6 +49,11 @@ may be busy: run again, with more --rounds).
 
 options:
 %s
+%s
+Here each alternative's repeats in each round count as a case, judged without the peak
+check; before the last line, a WARN line says when the host was too busy for the choice of
+the best to be trusted.
+
 examples:
   gdn plan
   gdn plan --op backward --seq 64k --policy none
@@ -180,6 +186,7 @@ struct Alternative {
   std::function<void()> reset;  // state the op updates in place, restored
   std::function<std::vector<std::byte>()> bits;  // its results, for the bit-identity check
   Timing best;
+  bool noisy = false;  // a round of it was (bench_noise.h)
 };
 
 // The forward's inputs at the problem's shape, packed (seqs x tokens).
@@ -432,12 +439,15 @@ int time_alternatives(std::vector<Alternative>& alts, const Plan& printed, int r
   }
   std::printf("check: the alternatives%s give bit-identical results: yes\n",
               alts.front().chunk > 0 ? " of each chunk size" : "");
+  NoiseWatch noise(CpuIsa::automatic);
+  noise.start(alts.front().library.threads, 0);  // no peak here
   for (int round = 0; round < rounds; ++round) {
     for (std::size_t j = 0; j < alts.size(); ++j) {
       Alternative& a = alts[round % 2 == 0 ? j : alts.size() - 1 - j];
       a.run();  // warm-up
       const Timing t = time_runs(a.run, repeats, a.name);
       if (round == 0 || t.median_ms < a.best.median_ms) a.best = t;
+      a.noisy = noise.judge(a.name + ", round " + std::to_string(round + 1), t).noisy || a.noisy;
     }
   }
   const Alternative* best = &alts.front();
@@ -450,9 +460,11 @@ int time_alternatives(std::vector<Alternative>& alts, const Plan& printed, int r
   for (const Alternative& a : alts) {
     char range[64];
     std::snprintf(range, sizeof range, "(%.3f - %.3f)", a.best.min_ms, a.best.max_ms);
-    std::printf("  %-46s %10.3f %24s %7.2fx%s\n", a.name.c_str(), a.best.median_ms, range,
-                a.best.median_ms / best->best.median_ms, a.chosen ? "  <- chosen" : "");
+    std::printf("  %-46s %10.3f %24s %7.2fx%s%s\n", a.name.c_str(), a.best.median_ms, range,
+                a.best.median_ms / best->best.median_ms, a.chosen ? "  <- chosen" : "",
+                a.noisy ? "  noisy" : "");
   }
+  noise.warn(stdout, "gdn plan --time");
   if (chosen == nullptr) {
     std::printf("WARN: the chosen plan is not among the alternatives tried\n");
     return 0;
@@ -481,7 +493,7 @@ int time_alternatives(std::vector<Alternative>& alts, const Plan& printed, int r
 int plan_command(int argc, char** argv) {
   const Args args(kPlanOptions, argc, argv, 2);
   if (args.flag("help")) {
-    std::printf(kPlanHelp, describe_options(kPlanOptions).c_str());
+    std::printf(kPlanHelp, describe_options(kPlanOptions).c_str(), noise_help().c_str());
     return 0;
   }
   const std::string op = args.choice("op", "forward", {"forward", "backward", "decode"});

@@ -1,8 +1,10 @@
 // sysinfo.cc: see sysinfo.h (Linux /proc; elsewhere the functions report "unknown").
 #include "sysinfo.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 
 namespace gdn::cli {
 
@@ -37,6 +39,36 @@ std::int64_t peak_rss_bytes() {
     }
   }
   return 0;
+}
+
+SchedTimes sched_times() {
+  SchedTimes t;
+  std::error_code error;
+  std::filesystem::directory_iterator tasks("/proc/self/task", error);
+  if (error) return t;
+  std::int64_t run = 0, wait = 0;
+  for (const auto& task : tasks) {
+    std::ifstream in(task.path() / "schedstat");
+    std::int64_t task_run = 0, task_wait = 0;
+    // A thread that exited since the listing has no file: it counts as nothing.
+    if (in >> task_run >> task_wait) {
+      run += task_run;
+      wait += task_wait;
+    }
+  }
+  if (run == 0) return t;  // no schedstat (kernel without CONFIG_SCHED_INFO)
+  t.run_ns = run;
+  t.wait_ns = wait;
+  return t;
+}
+
+double cpu_wait_fraction(const SchedTimes& before, const SchedTimes& after) {
+  if (before.run_ns < 0 || after.run_ns < 0) return -1;
+  const double run = static_cast<double>(after.run_ns - before.run_ns);
+  const double wait = static_cast<double>(after.wait_ns - before.wait_ns);
+  // Threads that exited in between take their times with them: then the sums can shrink.
+  if (run <= 0 || wait < 0) return -1;
+  return wait / (run + wait);
 }
 
 }  // namespace gdn::cli

@@ -13,7 +13,21 @@ docs/jax.md explains install, the ops, the residual names, the serving call and 
 
 import re as _re
 
-import jax as _jax
+try:
+    import jax as _jax
+except ModuleNotFoundError as _error:
+    if _error.name not in ("jax", "jaxlib"):
+        raise
+    raise ImportError("gdn.jax needs JAX, which this environment does not have: install gdn with "
+                      "its jax extra (pip install '.[jax]' in gdn's checkout) or "
+                      "pip install 'jax>=0.10.2'") from _error
+
+from gdn import _gdn as _extension  # noqa: E402
+
+if not _extension.has_xla_ffi:
+    raise ImportError("this build of gdn has no JAX handlers (built with GDN_JAX=OFF, or on a "
+                      "Python older than 3.11, without jaxlib's XLA FFI headers): rebuild it with "
+                      "pip install '.[jax]' in gdn's checkout, on Python >= 3.11")
 
 # The oldest JAX the tests pass on (docs/jax.md, "Install"). Tried and short of it: 0.10.0
 # copies the serving call's donated pools instead of updating them in place, and 0.8.2 also

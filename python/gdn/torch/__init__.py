@@ -19,6 +19,15 @@ C++ backward with what the forward saved (the inference calls ``conv_update``, `
 graph raises what eager mode does. docs/torch.md explains them.
 """
 
+try:
+    import torch as _torch  # noqa: F401
+except ModuleNotFoundError as _error:
+    if _error.name != "torch":
+        raise
+    raise ImportError("gdn.torch needs PyTorch, which this environment does not have: install gdn "
+                      "with its torch extra (pip install '.[torch]' in gdn's checkout) or "
+                      "pip install 'torch>=2.4'") from _error
+
 from gdn.torch import reference
 from gdn.torch._conv import causal_conv1d_fn, causal_conv1d_update
 from gdn.torch._core import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
