@@ -493,6 +493,14 @@ def test_check_fused_conv1d_gdn_passes_a_valid_step_and_refuses_tracers():
         jax.jit(lambda s: check_only(conv_state, recurrent_state, state_indices=s))(i32([1, 2]))
 
 
+def test_check_fused_conv1d_gdn_refuses_a_float_head_count_after_the_same_integer_passed():
+    """The checks of the options are cached per layout: n_kq = 2.0 is not n_kq = 2's entry."""
+    conv_state, recurrent_state = pools()
+    check_only(conv_state, recurrent_state)
+    with pytest.raises(ValueError, match=r"argument 'n_kq': expected an integer"):
+        check_only(conv_state, recurrent_state, n_kq=float(HK))
+
+
 def engine_step(conv_state, recurrent_state, state_indices):
     """An engine's own step: the serving call inside its jit, which donates the pools."""
     return jax.jit(lambda c, r, s: serve(c, r, state_indices=s), donate_argnums=(0, 1))(

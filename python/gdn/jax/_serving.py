@@ -42,10 +42,11 @@ def _layout(x):
         x = np.asarray(x)
     shape, dtype = x.shape, x.dtype
     return (shape if type(shape) is tuple else tuple(int(d) for d in shape),
-            dtype if type(dtype) is np.dtype or isinstance(dtype, np.dtype) else np.dtype(dtype))
+            dtype if isinstance(dtype, np.dtype) else np.dtype(dtype))
 
 
-@functools.lru_cache(maxsize=256)
+# typed: n_kq = 2.0 must not find n_kq = 2's entry (static_int refuses a float).
+@functools.lru_cache(maxsize=256, typed=True)
 def _library_args(layouts, index_specs, n_kq, n_v, d_k, d_v, kernel_size, attention_mode,
                   gate_lower_bound, num_spec_tokens, compute_precision, threads):
     """gdn._gdn.check_step's arguments but the index values, from the layouts of qkv, b, a,
