@@ -6,6 +6,7 @@ batches at the Qwen3-Next shape (n_kq 16, n_v 32, d_k = d_v 128, K 4, float32 po
 Examples:
   .venv/bin/python bench/jax_serving_check.py                  # decode-1 and decode-64
   .venv/bin/python bench/jax_serving_check.py --batch 1 8 --rounds 400 --index numpy
+  .venv/bin/python bench/jax_serving_check.py --threads 1           # steadier on a busy host
 
 Each round times one call of each (in alternating order), each call waited for
 (block_until_ready), the pools donated and fed back as an engine does. --index says where the
@@ -47,11 +48,11 @@ def make_step(n: int, slots: int, index: str):
     return args, [conv, rec]
 
 
-def call(fn, args, pools):
+def call(fn, args, pools, threads):
     (conv, rec), out = fn(args["qkv"], args["b"], args["a"], pools[0], pools[1],
                           args["conv_weight"], args["conv_bias"], args["a_log"],
                           args["dt_bias"], args["query_start_loc"], args["state_indices"],
-                          args["distribution"], args["seq_lens"], **SHAPE)
+                          args["distribution"], args["seq_lens"], threads=threads, **SHAPE)
     jax.block_until_ready(out)
     pools[:] = [conv, rec]
 
@@ -62,6 +63,8 @@ def main(argv=None):
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64], help="decodes per step")
     p.add_argument("--rounds", type=int, default=300, help="timed rounds (300)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="the step's threads (0 = all; 1 is steadier on a busy host)")
     p.add_argument("--index", choices=("jax", "numpy"), default="jax",
                    help="index arrays as JAX device arrays or NumPy host arrays (jax)")
     args = p.parse_args(argv)
@@ -70,16 +73,17 @@ def main(argv=None):
         step_args, pools = make_step(n, n + 1, args.index)
         for fn in fns.values():
             for _ in range(20):
-                call(fn, step_args, pools)
+                call(fn, step_args, pools, args.threads)
         times = {name: [] for name in fns}
         order = list(fns.items())
         for r in range(args.rounds):
             for name, fn in (order if r % 2 == 0 else order[::-1]):
                 start = time.perf_counter()
-                call(fn, step_args, pools)
+                call(fn, step_args, pools, args.threads)
                 times[name].append(time.perf_counter() - start)
         diffs = [a - b for a, b in zip(times["check + jit"], times["jit alone"])]
-        print(f"decode-{n} ({args.index} index arrays, {args.rounds} rounds):")
+        print(f"decode-{n} ({args.index} index arrays, threads {args.threads}, "
+              f"{args.rounds} rounds):")
         for name, t in times.items():
             q = statistics.quantiles(t, n=10)
             print(f"  {name:12s} median {1e6 * statistics.median(t):8.1f} us  "
