@@ -121,8 +121,21 @@ def _host_index(x, name):
     return (values.shape, dtype), np.ascontiguousarray(values)
 
 
-def _is_concrete(x):
-    return x is None or not isinstance(x, jax.core.Tracer)
+def _host_check(floats, indices, options):
+    """check_fused_conv1d_gdn's work, positional (fused_conv1d_gdn calls it on every step)."""
+    specs, values = [], []
+    for x, name in zip(indices, _INDEX_NAMES):
+        if isinstance(x, jax.core.Tracer):
+            raise TypeError(
+                f"gdn: argument '{name}': expected a concrete index array (NumPy or a JAX "
+                f"array on the host), given a tracer: call check_fused_conv1d_gdn before "
+                f"your jitted step, on the values it will be given")
+        spec, value = _host_index(x, name)
+        specs.append(spec)
+        values.append(value)
+    if any(s is not None and v is None for s, v in zip(specs, values)):
+        values = None  # a wrong rank: the library names it from the specs
+    _check(floats, tuple(specs), values, options)
 
 
 @functools.partial(jax.jit, donate_argnames=("conv_state", "recurrent_state"),
@@ -292,15 +305,13 @@ def fused_conv1d_gdn(
             query_start_loc, state_indices, distribution, seq_lens,
             n_kq=16, n_v=32, d_k=128, d_v=128, kernel_size=4)
     """
-    if all(_is_concrete(x) for x in (query_start_loc, state_indices, distribution, seq_lens,
-                                     read_state_indices, read_offsets)):
-        check_fused_conv1d_gdn(
-            qkv, b, a, conv_state, recurrent_state, conv_weight, conv_bias, a_log, dt_bias,
-            query_start_loc, state_indices, distribution, seq_lens, read_state_indices,
-            read_offsets, n_kq=n_kq, n_v=n_v, d_k=d_k, d_v=d_v, kernel_size=kernel_size,
-            attention_mode=attention_mode, gate_lower_bound=gate_lower_bound,
-            num_spec_tokens=num_spec_tokens, compute_precision=compute_precision,
-            threads=threads)
+    indices = (query_start_loc, state_indices, distribution, seq_lens, read_state_indices,
+               read_offsets)
+    if not any(isinstance(x, jax.core.Tracer) for x in indices):
+        _host_check((qkv, b, a, conv_state, recurrent_state, conv_weight, conv_bias, a_log,
+                     dt_bias), indices,
+                    (n_kq, n_v, d_k, d_v, kernel_size, attention_mode, gate_lower_bound,
+                     num_spec_tokens, compute_precision, threads))
     return _step(
         qkv, b, a, conv_state, recurrent_state, conv_weight, conv_bias, a_log, dt_bias,
         query_start_loc, state_indices, distribution, seq_lens, read_state_indices, read_offsets,
@@ -373,19 +384,8 @@ def check_fused_conv1d_gdn(
         (conv_pool, rec_pool), y = engine_step(params, conv_pool, rec_pool, batch)
     """
     del zero_initialize_out, decode_tile_size, mixed_tile_size  # accepted, ignored
-    specs, values = [], []
-    for x, name in zip((query_start_loc, state_indices, distribution, seq_lens,
-                        read_state_indices, read_offsets), _INDEX_NAMES):
-        if isinstance(x, jax.core.Tracer):
-            raise TypeError(
-                f"gdn: argument '{name}': expected a concrete index array (NumPy or a JAX "
-                f"array on the host), given a tracer: call check_fused_conv1d_gdn before "
-                f"your jitted step, on the values it will be given")
-        spec, value = _host_index(x, name)
-        specs.append(spec)
-        values.append(value)
-    if any(s is not None and v is None for s, v in zip(specs, values)):
-        values = None  # a wrong rank: the library names it from the specs
-    _check((qkv, b, a, conv_state, recurrent_state, conv_weight, conv_bias, a_log, dt_bias),
-           tuple(specs), values, (n_kq, n_v, d_k, d_v, kernel_size, attention_mode,
-                                  gate_lower_bound, num_spec_tokens, compute_precision, threads))
+    _host_check((qkv, b, a, conv_state, recurrent_state, conv_weight, conv_bias, a_log, dt_bias),
+                (query_start_loc, state_indices, distribution, seq_lens, read_state_indices,
+                 read_offsets),
+                (n_kq, n_v, d_k, d_v, kernel_size, attention_mode, gate_lower_bound,
+                 num_spec_tokens, compute_precision, threads))
