@@ -7,7 +7,11 @@
 // gdn/step.h check_fused_gdn_step, gdn/forward.h forward_shape) and placeholder index arrays
 // that pass (cu_seqlens [0, T, ..., T]; a step's indices all zero, so every sequence is
 // padding); the values of traced index arrays are checked by the handlers when they run.
+// check_step also takes the values of a serving call's index arrays where the caller has them
+// on the host: gdn.jax checks them before its donating call, so that a bad index raises while
+// the caller still holds its pools.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -42,6 +46,8 @@ namespace {
 
 // (shape, dtype name) of one argument, or None for an absent one.
 using Spec = std::optional<std::tuple<std::vector<std::int64_t>, std::string>>;
+// The values of a concrete index argument: int32 (widened here) or int64.
+using Values = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 Dims dims_of(const std::vector<std::int64_t>& shape, const char* argument) {
   if (shape.empty() || shape.size() > static_cast<std::size_t>(kMaxRank)) {
@@ -69,6 +75,29 @@ class TraceViews {
     return MutableTensorView(address, dtype, rank, sizes, contiguous_strides(sizes, rank));
   }
   TensorView view(const Spec& spec, const char* argument) { return mutable_view(spec, argument); }
+
+  // An index argument: its placeholder values from `fill` (when traced), or the caller's own.
+  template <class Fill>
+  TensorView index(const Spec& spec, const std::optional<Values>& values, const char* argument,
+                   Fill fill) {
+    if (!spec || !values) return index(spec, argument, fill);
+    const std::vector<std::int64_t>& shape = std::get<0>(*spec);
+    if (shape.size() != 1 || static_cast<std::int64_t>(values->shape(0)) != shape[0]) {
+      throw std::invalid_argument(std::string("gdn: check_step: the values of '") + argument +
+                                  "' do not have the shape of its spec");
+    }
+    const Dims sizes{shape[0], 0, 0, 0};
+    const nb::dlpack::dtype dtype = values->dtype();
+    if (dtype == nb::dtype<std::int64_t>()) {
+      return TensorView(values->data(), DType::i64, 1, sizes, contiguous_strides(sizes, 1));
+    }
+    if (dtype != nb::dtype<std::int32_t>()) {
+      throw std::invalid_argument(std::string("gdn: check_step: the values of '") + argument +
+                                  "' are neither int32 nor int64");
+    }
+    const auto* narrow = static_cast<const std::int32_t*>(values->data());
+    return index(spec, argument, [&](std::int64_t i) { return std::int64_t{narrow[i]}; });
+  }
 
   // An index argument with real storage: `fill(i)` for element i. An int32 argument becomes
   // int64, as the handlers widen it.
@@ -178,7 +207,26 @@ void check_step(const Spec& qkv, const Spec& b, const Spec& a, const Spec& conv_
                 const Spec& state_indices, const Spec& distribution, const Spec& seq_lens,
                 const Spec& read_state_indices, const Spec& read_offsets, const Spec& out,
                 std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv,
-                std::int64_t num_spec, int threads) {
+                std::int64_t num_spec, int threads,
+                const std::optional<std::vector<std::optional<Values>>>& index_values) {
+  constexpr std::size_t kIndexArguments = 6;
+  if (index_values && index_values->size() != kIndexArguments) {
+    throw std::invalid_argument("gdn: check_step: expected the values of 6 index arguments, given " +
+                                std::to_string(index_values->size()));
+  }
+  const std::array<const Spec*, kIndexArguments> index_specs{
+      &query_start_loc, &state_indices, &distribution, &seq_lens, &read_state_indices,
+      &read_offsets};
+  // All or none: placeholders beside real values could fail a batch that is right.
+  for (std::size_t i = 0; index_values && i < kIndexArguments; ++i) {
+    if (index_specs[i]->has_value() != (*index_values)[i].has_value()) {
+      throw std::invalid_argument("gdn: check_step: index argument " + std::to_string(i) +
+                                  " has a spec but no values, or values but no spec");
+    }
+  }
+  const auto values = [&](std::size_t i) -> std::optional<Values> {
+    return index_values ? (*index_values)[i] : std::nullopt;
+  };
   TraceViews views;
   StepInputs in;
   in.qkv = views.view(qkv, "qkv");
@@ -189,12 +237,12 @@ void check_step(const Spec& qkv, const Spec& b, const Spec& a, const Spec& conv_
   in.A_log = views.view(A_log, "A_log");
   in.dt_bias = views.view(dt_bias, "dt_bias");
   const auto zero = [](std::int64_t) { return std::int64_t{0}; };
-  in.query_start_loc = views.index(query_start_loc, "query_start_loc", zero);
-  in.state_indices = views.index(state_indices, "state_indices", zero);
-  in.distribution = views.index(distribution, "distribution", zero);
-  in.seq_lens = views.index(seq_lens, "seq_lens", zero);
-  in.read_state_indices = views.index(read_state_indices, "read_state_indices", zero);
-  in.read_offsets = views.index(read_offsets, "read_offsets", zero);
+  in.query_start_loc = views.index(query_start_loc, values(0), "query_start_loc", zero);
+  in.state_indices = views.index(state_indices, values(1), "state_indices", zero);
+  in.distribution = views.index(distribution, values(2), "distribution", zero);
+  in.seq_lens = views.index(seq_lens, values(3), "seq_lens", zero);
+  in.read_state_indices = views.index(read_state_indices, values(4), "read_state_indices", zero);
+  in.read_offsets = views.index(read_offsets, values(5), "read_offsets", zero);
   const StatePools pools{views.mutable_view(conv_pool, "conv_state"),
                          views.mutable_view(recurrent_pool, "recurrent_state")};
   StepOptions options;

@@ -1,11 +1,13 @@
-"""examples/jax_recall.py, shortened: the model of gdn.jax.nn blocks learns associative recall
-(its loss falls well below the start), and its first training steps on gdn's kernels give the
-losses of the same model on the pure-JAX chunked op (bench/jax_chunked.py)."""
+"""examples/jax_recall.py: the model of gdn.jax.nn blocks reaches the recall its docs claim,
+and its first training steps on gdn's kernels give the losses (and its gradients the
+gradients) of the same model on the pure-JAX chunked op (bench/jax_chunked.py)."""
 
 import io
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -47,17 +49,20 @@ def test_model_gradients_equal_pure_jax_reference_op():
         assert err < 1e-4, f"{jax.tree_util.keystr(path)}: relative error {err:.2e}"
 
 
-def test_loss_falls_well_below_start_and_recall_passes_chance():
-    cfg = jax_recall.Config(pairs=8)
-    out = io.StringIO()
-    # the first 600 steps of the example's 8000-step schedule
-    _, losses, accs = jax_recall.train(cfg, 600, target=None, log_every=100, out=out,
-                                       schedule_steps=8000)
-    start, end = sum(losses[:20]) / 20, sum(losses[-50:]) / 50
-    recall = sum(accs[-50:]) / 50
-    assert end < 0.7 * start, out.getvalue()
-    assert recall > 10 / (cfg.vocab // 2), out.getvalue()  # ten times chance
-    assert "recall" in out.getvalue() and "step   600" in out.getvalue()
+CLAIMED_STEPS = 1000  # README and docs/jax.md: 90 % recall within 1000 steps
+
+
+def test_example_with_its_defaults_reaches_the_documented_recall_within_its_steps(capsys):
+    """The claim of README and docs/jax.md, run as a fresh clone runs it: the example with no
+    arguments reaches 90 % recall within 1000 steps (exit code 0). Minutes, not seconds
+    (docs/jax.md says how long): no shorter run proves it."""
+    start = time.perf_counter()
+    code = jax_recall.main([])
+    out = capsys.readouterr().out
+    reached = re.search(r"reached 90 % recall after (\d+) steps", out)
+    assert code == 0 and reached, out
+    assert int(reached.group(1)) <= CLAIMED_STEPS, out
+    print(f"reached 90 % after {reached.group(1)} steps, {time.perf_counter() - start:.0f} s")
 
 
 def test_example_command_line_reports_progress_and_rejects_bad_arguments():

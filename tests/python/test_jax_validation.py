@@ -3,8 +3,8 @@ each breaks one argument of a valid call and checks the exception's type, that i
 names the caller's argument (``argument 'num_v_heads'``, not the library's ``options.hv``),
 says "expected" and "given", and carries the rule's own words. Shape, dtype and option rules
 raise when the call is traced (run here under ``jax.eval_shape``: nothing executes); index
-values raise when the computation runs. The serving call's pools are bit-identical after every
-rejected call."""
+values raise when the computation runs (the serving call's concrete ones before it, on the
+host). The serving call's pools are bit-identical after every rejected call."""
 
 import subprocess
 import sys
@@ -298,9 +298,17 @@ def serve(conv_state, recurrent_state, **over):
     return gdn.jax.fused_conv1d_gdn(*pos, **kw)
 
 
+INDEX_NAMES = ("query_start_loc", "state_indices", "distribution", "seq_lens",
+               "read_state_indices", "read_offsets")
+
+
 def serve_not_donating(conv_state, recurrent_state, **over):
-    """Inside a jit of the caller's that does not donate the pools."""
-    return jax.jit(lambda c, r: serve(c, r, **over))(conv_state, recurrent_state)
+    """Inside a jit of the caller's that does not donate the pools, the index arrays among its
+    arguments (tracers: the handler checks their values when the step runs)."""
+    index = {n: over.pop(n) if n in over else SERVING[n] for n in INDEX_NAMES
+             if n in over or n in SERVING}
+    return jax.jit(lambda c, r, index: serve(c, r, **index, **over))(
+        conv_state, recurrent_state, index)
 
 
 def check_pools_unchanged(conv_state, recurrent_state, before):
@@ -427,12 +435,99 @@ def test_fused_conv1d_gdn_rejects_when_run_and_writes_nothing(over, argument, wo
     check_pools_unchanged(conv_state, recurrent_state, before)
 
 
-def test_fused_conv1d_gdn_run_time_error_of_the_direct_call_has_consumed_the_donated_pools():
-    """docs/jax.md: the direct call donates its pools, so after a run-time error they are gone
-    (the handler wrote nothing into them; that is checked above without donation)."""
+@pytest.mark.parametrize("over, argument, words", [pytest.param(*r[1:], id=r[0])
+                                                   for r in SERVING_RUNTIME_RULES])
+def test_fused_conv1d_gdn_direct_call_rejects_index_values_and_keeps_the_donated_pools(
+        over, argument, words):
+    """The direct call checks concrete index values on the host before it donates the pools:
+    the error is raised while the caller still holds them, bit-identical, and the next good
+    call runs on them."""
+    conv_state, recurrent_state, over = _break(over)
+    before = (np.asarray(conv_state), np.asarray(recurrent_state))
+    with pytest.raises(ValueError) as info:
+        jax.block_until_ready(serve(conv_state, recurrent_state, **over))
+    check_message(str(info.value), argument, words)
+    check_pools_unchanged(conv_state, recurrent_state, before)
+    (want_conv, want_rec), want_out = serve(jnp.array(before[0]), jnp.array(before[1]))
+    (conv_state, recurrent_state), out = serve(conv_state, recurrent_state)
+    for got, want in ((conv_state, want_conv), (recurrent_state, want_rec), (out, want_out)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_fused_conv1d_gdn_direct_call_rejects_numpy_index_values_and_keeps_the_pools(dtype):
+    """Index arrays an engine holds in NumPy (int32 as vLLM passes them, or int64)."""
+    conv_state, recurrent_state = pools()
+    before = (np.asarray(conv_state), np.asarray(recurrent_state))
+    host = {n: np.asarray(SERVING[n], dtype) for n in ("query_start_loc", "distribution",
+                                                       "seq_lens")}
+    with pytest.raises(ValueError) as info:
+        serve(conv_state, recurrent_state, state_indices=np.asarray([2, 2], dtype), **host)
+    check_message(str(info.value), "state_indices", ["both write slot 2"])
+    check_pools_unchanged(conv_state, recurrent_state, before)
+    serve(conv_state, recurrent_state, state_indices=np.asarray([1, 2], dtype), **host)
+
+
+def check_only(conv_state, recurrent_state, **over):
+    pos, kw = serving_args(conv_state, recurrent_state, **over)
+    return gdn.jax.check_fused_conv1d_gdn(*pos, **kw)
+
+
+@pytest.mark.parametrize("over, argument, words", [pytest.param(*r[1:], id=r[0])
+                                                   for r in SERVING_RUNTIME_RULES + SERVING_RULES])
+def test_check_fused_conv1d_gdn_raises_what_the_step_raises(over, argument, words):
+    """The host check an engine runs before a jit of its own: the step's every rule, on pools
+    given as shapes alone."""
+    conv_state, recurrent_state, over = _break(over)
+    shapes = (jax.ShapeDtypeStruct(conv_state.shape, conv_state.dtype),
+              jax.ShapeDtypeStruct(recurrent_state.shape, recurrent_state.dtype))
+    with pytest.raises(ValueError) as info:
+        check_only(*shapes, **over)
+    check_message(str(info.value), argument, words)
+
+
+def test_check_fused_conv1d_gdn_passes_a_valid_step_and_refuses_tracers():
+    conv_state, recurrent_state = pools()
+    assert check_only(conv_state, recurrent_state) is None
+    with pytest.raises(TypeError, match=r"argument 'state_indices': expected a concrete"):
+        jax.jit(lambda s: check_only(conv_state, recurrent_state, state_indices=s))(i32([1, 2]))
+
+
+def test_check_fused_conv1d_gdn_refuses_a_float_head_count_after_the_same_integer_passed():
+    """The checks of the options are cached per layout: n_kq = 2.0 is not n_kq = 2's entry."""
+    conv_state, recurrent_state = pools()
+    check_only(conv_state, recurrent_state)
+    with pytest.raises(ValueError, match=r"argument 'n_kq': expected an integer"):
+        check_only(conv_state, recurrent_state, n_kq=float(HK))
+
+
+def engine_step(conv_state, recurrent_state, state_indices):
+    """An engine's own step: the serving call inside its jit, which donates the pools."""
+    return jax.jit(lambda c, r, s: serve(c, r, state_indices=s), donate_argnums=(0, 1))(
+        conv_state, recurrent_state, state_indices)
+
+
+def test_engine_jit_donating_the_pools_keeps_them_when_it_checks_first():
+    """Inside the engine's jit the indices are tracers: the host check before the jit keeps
+    the pools (docs/jax.md, "The serving call")."""
+    conv_state, recurrent_state = pools()
+    before = (np.asarray(conv_state), np.asarray(recurrent_state))
+    bad = i32([1, SLOTS])
+    with pytest.raises(ValueError, match=r"argument 'state_indices'"):
+        check_only(conv_state, recurrent_state, state_indices=bad)
+        engine_step(conv_state, recurrent_state, bad)
+    check_pools_unchanged(conv_state, recurrent_state, before)
+    (conv_state, recurrent_state), _ = engine_step(conv_state, recurrent_state, i32([1, 2]))
+    assert np.isfinite(np.asarray(recurrent_state)).all()
+
+
+def test_engine_jit_donating_the_pools_without_the_check_consumes_them():
+    """docs/jax.md: without the check, a bad index inside a donating jit of the caller's is
+    found when the computation runs, after JAX has taken the donated pools (the handler wrote
+    nothing into them: test_fused_conv1d_gdn_rejects_when_run_and_writes_nothing)."""
     conv_state, recurrent_state = pools()
     with pytest.raises(RUNTIME, match=r"argument 'state_indices'"):
-        jax.block_until_ready(serve(conv_state, recurrent_state, state_indices=i32([1, SLOTS])))
+        jax.block_until_ready(engine_step(conv_state, recurrent_state, i32([1, SLOTS])))
     assert conv_state.is_deleted() and recurrent_state.is_deleted()
 
 

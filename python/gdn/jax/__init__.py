@@ -5,6 +5,8 @@
 - ``fused_gdn``: the fused layer op (conv1d + SiLU, gates, L2 norm, gated delta rule),
   differentiable in every input;
 - ``fused_conv1d_gdn``: Tokamax's serving call over pools of state slots, updated in place;
+  ``check_fused_conv1d_gdn`` checks such a step on the host (an engine runs it before a jit
+  of its own that donates the pools);
 - ``gdn.jax.nn``: a Qwen3-Next GatedDeltaNet block over a parameter pytree with
   Hugging Face's names, loading HF weights (``import gdn.jax.nn``).
 
@@ -48,7 +50,7 @@ if _release(_jax.__version__) < MIN_JAX:
 
 from gdn.jax._core import chunk_gated_delta_rule  # noqa: E402
 from gdn.jax._layer import fused_gdn  # noqa: E402
-from gdn.jax._serving import fused_conv1d_gdn  # noqa: E402
+from gdn.jax._serving import check_fused_conv1d_gdn, fused_conv1d_gdn  # noqa: E402
 
 RESIDUAL_NAMES = ("gdn_chunk_states", "gdn_t_inv")
 """The names ``jax.ad_checkpoint.checkpoint_name`` gives the residuals, for
@@ -60,5 +62,5 @@ the backward from replaying the forward call to get o back for the rest of the m
 saves it alone has the backward replay the forward without o (the C++ rebuild of the
 residuals)."""
 
-__all__ = ["chunk_gated_delta_rule", "fused_gdn", "fused_conv1d_gdn", "RESIDUAL_NAMES",
-           "OUTPUT_NAME"]
+__all__ = ["chunk_gated_delta_rule", "fused_gdn", "fused_conv1d_gdn", "check_fused_conv1d_gdn",
+           "RESIDUAL_NAMES", "OUTPUT_NAME"]

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gdn import _gdn
 from gdn.jax import _ffi
@@ -16,7 +17,7 @@ _STATIC = ("n_kq", "n_v", "d_k", "d_v", "kernel_size", "attention_mode", "gate_l
            "mixed_tile_size", "threads")
 
 # The library's names -> Tokamax's arguments, in its error messages (the index arrays' names
-# are the same: the errors of their values, raised when the step runs, need none).
+# are the same).
 _LIBRARY_NAMES = {"options.hk": "n_kq", "options.hv": "n_v", "options.dk": "d_k",
                   "options.dv": "d_v", "options.num_spec": "num_spec_tokens",
                   "options.threads": "threads", "A_log": "a_log"}
@@ -29,8 +30,175 @@ def _precision_is_float32(compute_precision: Any) -> bool:
         return False
 
 
+_INDEX_NAMES = ("query_start_loc", "state_indices", "distribution", "seq_lens",
+                "read_state_indices", "read_offsets")
+
+
+def _layout(x):
+    """(shape, dtype) of an array, tracer or ShapeDtypeStruct, hashable; None for None."""
+    if x is None:
+        return None
+    if not hasattr(x, "shape"):
+        x = np.asarray(x)
+    shape, dtype = x.shape, x.dtype
+    return (shape if type(shape) is tuple else tuple(int(d) for d in shape),
+            dtype if isinstance(dtype, np.dtype) else np.dtype(dtype))
+
+
+# typed: n_kq = 2.0 must not find n_kq = 2's entry (static_int refuses a float).
+@functools.lru_cache(maxsize=256, typed=True)
+def _library_args(layouts, index_specs, n_kq, n_v, d_k, d_v, kernel_size, attention_mode,
+                  gate_lower_bound, num_spec_tokens, compute_precision, threads):
+    """gdn._gdn.check_step's arguments but the index values, from the layouts of qkv, b, a,
+    the pools, conv_weight, conv_bias, a_log and dt_bias and the index arguments' specs;
+    raises the checks of the Python-level options. Cached: an engine's steps come in few
+    layouts, and building the specs costs more than the library's check (bench/
+    jax_serving_check.py)."""
+    if attention_mode != "GDN":
+        raise NotImplementedError(
+            f"gdn: argument 'attention_mode': expected 'GDN' (KDA is not implemented), given "
+            f"{attention_mode!r}")
+    if gate_lower_bound is not None:
+        raise NotImplementedError(
+            f"gdn: argument 'gate_lower_bound': expected None (a gate lower bound is not "
+            f"implemented), given {gate_lower_bound!r}")
+    if not _precision_is_float32(compute_precision):
+        raise NotImplementedError(
+            f"gdn: argument 'compute_precision': expected float32 (the only one implemented), "
+            f"given {compute_precision!r}")
+    qkv, weight = layouts[0], layouts[5]
+    if len(weight[0]) >= 1 and weight[0][-1] != kernel_size:
+        raise ValueError(
+            f"gdn: argument 'conv_weight': expected K = kernel_size = {kernel_size} taps, given "
+            f"shape {list(weight[0])}")
+    cdt = np.dtype(_ffi.compute_dtype(qkv[1]))
+
+    def spec(layout, widen=False):
+        if layout is None:
+            return None
+        shape, dtype = layout
+        return shape, (cdt if widen and jnp.issubdtype(dtype, jnp.floating) else dtype).name
+
+    return (*(spec(x) for x in layouts[:5]), *(spec(x, widen=True) for x in layouts[5:]),
+            *index_specs, ((qkv[0][0] if qkv[0] else 0, n_v * d_v), qkv[1].name),
+            *(_ffi.static_int(x, name) for x, name in (
+                (n_kq, "n_kq"), (n_v, "n_v"), (d_k, "d_k"), (d_v, "d_v"),
+                (num_spec_tokens, "num_spec_tokens"), (threads, "threads"))))
+
+
+def _check(floats, index_specs, index_values, options):
+    """The step's whole validation: the Python-level options (_library_args), the rest the
+    library's (gdn::check_fused_gdn_step) on the arguments' shapes and dtypes and, where
+    ``index_values`` holds them (one per index argument or None), the index values.
+    ``floats``: qkv, b, a, conv_state, recurrent_state, conv_weight, conv_bias, a_log,
+    dt_bias; ``options``: _library_args' from n_kq on, in its order."""
+    key = (tuple(_layout(x) for x in floats), index_specs, *options)
+    try:
+        library_args = _library_args(*key)
+    except TypeError as e:
+        if "unhashable" not in str(e):
+            raise
+        library_args = _library_args.__wrapped__(*key)  # the checks name the option
+    with _ffi.library_names(_LIBRARY_NAMES):
+        _gdn.check_step(*library_args, index_values)
+
+
+_INDEX_DTYPES = {np.dtype(np.int32): "int32", np.dtype(np.int64): "int64"}
+
+
+def _host_index(x, name):
+    """(spec, values) of a concrete index argument, (None, None) for an absent one; the
+    extension widens int32 values."""
+    if x is None:
+        return None, None
+    values = np.asarray(x)
+    dtype = _INDEX_DTYPES.get(values.dtype)
+    if dtype is None:
+        raise ValueError(f"gdn: argument '{name}': expected dtype int32 or int64, given "
+                         f"{values.dtype}")
+    if values.ndim != 1:
+        return (values.shape, dtype), None  # the library names the wrong rank from the spec
+    return (values.shape, dtype), np.ascontiguousarray(values)
+
+
+def _host_check(floats, indices, options):
+    """check_fused_conv1d_gdn's work, positional (fused_conv1d_gdn calls it on every step)."""
+    specs, values = [], []
+    for x, name in zip(indices, _INDEX_NAMES):
+        if isinstance(x, jax.core.Tracer):
+            raise TypeError(
+                f"gdn: argument '{name}': expected a concrete index array (NumPy or a JAX "
+                f"array on the host), given a tracer: call check_fused_conv1d_gdn before "
+                f"your jitted step, on the values it will be given")
+        spec, value = _host_index(x, name)
+        specs.append(spec)
+        values.append(value)
+    if any(s is not None and v is None for s, v in zip(specs, values)):
+        values = None  # a wrong rank: the library names it from the specs
+    _check(floats, tuple(specs), values, options)
+
+
 @functools.partial(jax.jit, donate_argnames=("conv_state", "recurrent_state"),
                    static_argnames=_STATIC)
+def _step(
+    qkv: jax.Array,
+    b: jax.Array,
+    a: jax.Array,
+    conv_state: jax.Array,
+    recurrent_state: jax.Array,
+    conv_weight: jax.Array,
+    conv_bias: Optional[jax.Array],
+    a_log: jax.Array,
+    dt_bias: jax.Array,
+    query_start_loc: jax.Array,
+    state_indices: jax.Array,
+    distribution: jax.Array,
+    seq_lens: jax.Array,
+    read_state_indices: Optional[jax.Array] = None,
+    read_offsets: Optional[jax.Array] = None,
+    *,
+    n_kq: int,
+    n_v: int,
+    d_k: int,
+    d_v: int,
+    kernel_size: int,
+    attention_mode: str = "GDN",
+    gate_lower_bound: Optional[float] = None,
+    num_spec_tokens: int = 0,
+    zero_initialize_out: bool = True,
+    compute_precision: Any = jnp.float32,
+    decode_tile_size: Optional[int] = None,
+    mixed_tile_size: Optional[int] = None,
+    threads: int = 0,
+) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
+    """fused_conv1d_gdn's computation, jitted with both pools donated; its index values are
+    checked by the handler when it runs (fused_conv1d_gdn checks them first when they are
+    concrete)."""
+    indices = tuple(_ffi.index_array(x, name) for x, name in zip(
+        (query_start_loc, state_indices, distribution, seq_lens, read_state_indices,
+         read_offsets), _INDEX_NAMES))
+    _check((qkv, b, a, conv_state, recurrent_state, conv_weight, conv_bias, a_log, dt_bias),
+           tuple(_ffi.spec(x) for x in indices), None,
+           (n_kq, n_v, d_k, d_v, kernel_size, attention_mode, gate_lower_bound, num_spec_tokens,
+            compute_precision, threads))
+    cdt = _ffi.compute_dtype(qkv.dtype)
+    conv_weight, conv_bias, a_log, dt_bias = (
+        _ffi.as_compute(x, cdt) for x in (conv_weight, conv_bias, a_log, dt_bias))
+    out_shape = jax.ShapeDtypeStruct((qkv.shape[0], n_v * d_v), qkv.dtype)
+    results = (jax.ShapeDtypeStruct(conv_state.shape, conv_state.dtype),
+               jax.ShapeDtypeStruct(recurrent_state.shape, recurrent_state.dtype), out_shape)
+    qsl, slots, dist, lens, read_slots, offsets = indices
+    new_conv, new_rec, out = jax.ffi.ffi_call(
+        "gdn_step", results, input_output_aliases={3: 0, 4: 1}, vmap_method=None)(
+            qkv, b, a, conv_state, recurrent_state, conv_weight, _ffi.placeholder(conv_bias),
+            a_log, dt_bias, qsl, slots, dist, lens, _ffi.placeholder(read_slots),
+            _ffi.placeholder(offsets), hk=int(n_kq), hv=int(n_v), dk=int(d_k), dv=int(d_v),
+            num_spec=int(num_spec_tokens), threads=int(threads),
+            has_conv_bias=conv_bias is not None, has_read_state_indices=read_slots is not None,
+            has_read_offsets=offsets is not None)
+    return (new_conv, new_rec), out
+
+
 def fused_conv1d_gdn(
     qkv: jax.Array,
     b: jax.Array,
@@ -108,11 +276,27 @@ def fused_conv1d_gdn(
     Returns:
       ((new_conv_state, new_recurrent_state), out [T, n_v d_v] in qkv's dtype).
 
-    Bad shapes and dtypes raise ValueError when traced; bad index values (a slot out of range,
-    two sequences writing one slot, ...) raise when the step runs, before anything is written.
-    Called directly, the step has donated the pools, so after such an error their arrays are
-    gone (as after any failed donated call); called inside a jit of yours that does not donate
-    them, they are left as they were.
+    A rejected call leaves the caller's pools as they were, except inside a jit of yours that
+    donates them (below). Bad shapes, dtypes and options raise
+    ValueError (NotImplementedError for attention_mode, gate_lower_bound, compute_precision)
+    when the call is traced. Bad index values (a slot out of range, -1 or the null slot 0 for
+    a live sequence, two sequences writing one slot, query_start_loc past T, a decode longer
+    than 1 + num_spec_tokens, ...) are the library's rules, checked as follows:
+
+    - Called directly with concrete index arrays (NumPy, or JAX arrays outside a trace), the
+      values are checked on the host first (``check_fused_conv1d_gdn``: the library's
+      validation, the code the handler runs), so a bad one raises ValueError before the pools
+      are donated: the caller still holds them, valid and unchanged. This reads the index
+      arrays back to the host, waiting for a JAX one still being computed.
+    - Inside a jit of yours the index arrays are tracers, and the handler checks their values
+      when the step runs, before it writes anything: the jit raises JaxRuntimeError
+      (INVALID_ARGUMENT). If that jit does not donate the pools, the caller's arrays are left
+      as they were; if it donates them, JAX has consumed them before the computation ran, so
+      they are gone. A serving engine that donates its pools calls
+      ``check_fused_conv1d_gdn`` on its host index arrays before its jitted step.
+
+    A failure no check can foresee (memory, a GDN_CHECK_FINITE error) still fails a donated
+    call after the donation.
 
     Example::
 
@@ -121,47 +305,87 @@ def fused_conv1d_gdn(
             query_start_loc, state_indices, distribution, seq_lens,
             n_kq=16, n_v=32, d_k=128, d_v=128, kernel_size=4)
     """
-    if attention_mode != "GDN":
-        raise NotImplementedError(
-            f"gdn: argument 'attention_mode': expected 'GDN' (KDA is not implemented), given "
-            f"{attention_mode!r}")
-    if gate_lower_bound is not None:
-        raise NotImplementedError(
-            f"gdn: argument 'gate_lower_bound': expected None (a gate lower bound is not "
-            f"implemented), given {gate_lower_bound!r}")
-    if not _precision_is_float32(compute_precision):
-        raise NotImplementedError(
-            f"gdn: argument 'compute_precision': expected float32 (the only one implemented), "
-            f"given {compute_precision!r}")
-    if conv_weight.ndim >= 1 and conv_weight.shape[-1] != kernel_size:
-        raise ValueError(
-            f"gdn: argument 'conv_weight': expected K = kernel_size = {kernel_size} taps, given "
-            f"shape {list(conv_weight.shape)}")
-    cdt = _ffi.compute_dtype(qkv.dtype)
-    conv_weight, conv_bias, a_log, dt_bias = (
-        _ffi.as_compute(x, cdt) for x in (conv_weight, conv_bias, a_log, dt_bias))
-    indices = tuple(_ffi.index_array(x, name) for x, name in (
-        (query_start_loc, "query_start_loc"), (state_indices, "state_indices"),
-        (distribution, "distribution"), (seq_lens, "seq_lens"),
-        (read_state_indices, "read_state_indices"), (read_offsets, "read_offsets")))
-    out_shape = jax.ShapeDtypeStruct((qkv.shape[0], n_v * d_v), qkv.dtype)
-    with _ffi.library_names(_LIBRARY_NAMES):
-        _gdn.check_step(
-            *(_ffi.spec(x) for x in (qkv, b, a, conv_state, recurrent_state, conv_weight,
-                                     conv_bias, a_log, dt_bias)),
-            *(_ffi.spec(x) for x in indices), _ffi.spec(out_shape),
-            *(_ffi.static_int(x, name) for x, name in (
-                (n_kq, "n_kq"), (n_v, "n_v"), (d_k, "d_k"), (d_v, "d_v"),
-                (num_spec_tokens, "num_spec_tokens"), (threads, "threads"))))
-    results = (jax.ShapeDtypeStruct(conv_state.shape, conv_state.dtype),
-               jax.ShapeDtypeStruct(recurrent_state.shape, recurrent_state.dtype), out_shape)
-    qsl, slots, dist, lens, read_slots, offsets = indices
-    new_conv, new_rec, out = jax.ffi.ffi_call(
-        "gdn_step", results, input_output_aliases={3: 0, 4: 1}, vmap_method=None)(
-            qkv, b, a, conv_state, recurrent_state, conv_weight, _ffi.placeholder(conv_bias),
-            a_log, dt_bias, qsl, slots, dist, lens, _ffi.placeholder(read_slots),
-            _ffi.placeholder(offsets), hk=int(n_kq), hv=int(n_v), dk=int(d_k), dv=int(d_v),
-            num_spec=int(num_spec_tokens), threads=int(threads),
-            has_conv_bias=conv_bias is not None, has_read_state_indices=read_slots is not None,
-            has_read_offsets=offsets is not None)
-    return (new_conv, new_rec), out
+    indices = (query_start_loc, state_indices, distribution, seq_lens, read_state_indices,
+               read_offsets)
+    if not any(isinstance(x, jax.core.Tracer) for x in indices):
+        _host_check((qkv, b, a, conv_state, recurrent_state, conv_weight, conv_bias, a_log,
+                     dt_bias), indices,
+                    (n_kq, n_v, d_k, d_v, kernel_size, attention_mode, gate_lower_bound,
+                     num_spec_tokens, compute_precision, threads))
+    return _step(
+        qkv, b, a, conv_state, recurrent_state, conv_weight, conv_bias, a_log, dt_bias,
+        query_start_loc, state_indices, distribution, seq_lens, read_state_indices, read_offsets,
+        n_kq=n_kq, n_v=n_v, d_k=d_k, d_v=d_v, kernel_size=kernel_size,
+        attention_mode=attention_mode, gate_lower_bound=gate_lower_bound,
+        num_spec_tokens=num_spec_tokens, zero_initialize_out=zero_initialize_out,
+        compute_precision=compute_precision, decode_tile_size=decode_tile_size,
+        mixed_tile_size=mixed_tile_size, threads=threads)
+
+
+def check_fused_conv1d_gdn(
+    qkv: jax.Array,
+    b: jax.Array,
+    a: jax.Array,
+    conv_state: jax.Array,
+    recurrent_state: jax.Array,
+    conv_weight: jax.Array,
+    conv_bias: Optional[jax.Array],
+    a_log: jax.Array,
+    dt_bias: jax.Array,
+    query_start_loc: jax.Array,
+    state_indices: jax.Array,
+    distribution: jax.Array,
+    seq_lens: jax.Array,
+    read_state_indices: Optional[jax.Array] = None,
+    read_offsets: Optional[jax.Array] = None,
+    *,
+    n_kq: int,
+    n_v: int,
+    d_k: int,
+    d_v: int,
+    kernel_size: int,
+    attention_mode: str = "GDN",
+    gate_lower_bound: Optional[float] = None,
+    num_spec_tokens: int = 0,
+    zero_initialize_out: bool = True,
+    compute_precision: Any = jnp.float32,
+    decode_tile_size: Optional[int] = None,
+    mixed_tile_size: Optional[int] = None,
+    threads: int = 0,
+) -> None:
+    """Checks a serving step on the host without running it: raises what
+    ``fused_conv1d_gdn`` would raise for these arguments, the index values included, and
+    returns None for a step that passes. Nothing is computed, written or donated.
+
+    The arguments are ``fused_conv1d_gdn``'s. The float arrays may be arrays or
+    ``jax.ShapeDtypeStruct`` (only their shapes and dtypes are read); the index arrays must be
+    concrete (NumPy arrays or JAX arrays, not tracers), as a serving engine holds them on the
+    host before its step. The rules are the library's (gdn::check_fused_gdn_step), run on the
+    index values: the same code the step's handler runs.
+
+    ``fused_conv1d_gdn`` calls this itself when every index array it is given is concrete. An
+    engine that calls ``fused_conv1d_gdn`` inside a jit of its own that donates the pools
+    should call this before that jit: there the index arrays are tracers, a bad value is found
+    only when the computation runs, and by then JAX has consumed the donated pools.
+
+    Raises:
+      ValueError: the library's message, naming the argument, what was expected and what
+        was given (e.g. ``gdn: argument 'state_indices': expected a distinct slot for every
+        live sequence, given sequences 0 and 1 both write slot 2``).
+      NotImplementedError: attention_mode, gate_lower_bound or compute_precision.
+      TypeError: an index array is a tracer.
+
+    Example::
+
+        gdn.jax.check_fused_conv1d_gdn(
+            qkv, b, a, conv_pool, rec_pool, conv_weight, None, a_log, dt_bias,
+            query_start_loc, state_indices, distribution, seq_lens,
+            n_kq=16, n_v=32, d_k=128, d_v=128, kernel_size=4)  # raises, pools untouched
+        (conv_pool, rec_pool), y = engine_step(params, conv_pool, rec_pool, batch)
+    """
+    del zero_initialize_out, decode_tile_size, mixed_tile_size  # accepted, ignored
+    _host_check((qkv, b, a, conv_state, recurrent_state, conv_weight, conv_bias, a_log, dt_bias),
+                (query_start_loc, state_indices, distribution, seq_lens, read_state_indices,
+                 read_offsets),
+                (n_kq, n_v, d_k, d_v, kernel_size, attention_mode, gate_lower_bound,
+                 num_spec_tokens, compute_precision, threads))
