@@ -427,6 +427,8 @@ NB_MODULE(_gdn, m) {
       [] { return std::string(gdn::cpu_isa_name(gdn::resolve_cpu_isa(gdn::CpuIsa::automatic))); },
       "The CPU kernel variant calls run on this machine (avx512, avx2 or generic).");
   m.def("default_threads", &gdn::default_threads, "Threads a call with threads = 0 uses.");
+  m.def("check_finite_from_environment", &gdn::check_finite_from_environment,
+        "True when GDN_CHECK_FINITE=1 puts every call in check mode (read once per process).");
   m.def("core_shape", &core_shape);
   m.def("layer_shape", &layer_shape);
   m.def("check_step", &check_step);

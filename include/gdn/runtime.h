@@ -46,4 +46,9 @@ int default_threads();
 // True when the library was built with OpenMP.
 bool built_with_openmp();
 
+// True when the environment variable GDN_CHECK_FINITE was "1" when the library first read it
+// (once per process): every call then runs in check mode (gdn/error.h). A binding that donates
+// a caller's buffers asks this to keep them in check mode, where a call may fail after running.
+bool check_finite_from_environment();
+
 }  // namespace gdn

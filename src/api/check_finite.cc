@@ -11,6 +11,7 @@
 
 #include "common/half_bits.h"
 #include "gdn/error.h"
+#include "gdn/runtime.h"
 
 namespace gdn {
 
@@ -33,6 +34,8 @@ NonFiniteError::NonFiniteError(std::string tensor, std::string index, double val
                    "' holds " + describe(value) + " at " + index + " (" + written + ")"),
       tensor_(std::move(tensor)),
       index_(std::move(index)) {}
+
+bool check_finite_from_environment() { return detail::check_finite_enabled(false); }
 
 namespace detail {
 

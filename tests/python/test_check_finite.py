@@ -63,6 +63,37 @@ except Exception as e:
 print("pools unchanged:", torch.equal(conv, conv0) and torch.equal(ssm, ssm0))
 """
 
+# The same step through gdn.jax's fused_conv1d_gdn, which donates both pools: in check mode it
+# does not donate them (a step that raises would otherwise take them), so the caller's arrays
+# are still valid and as before the call.
+_JAX_STEP = """
+import numpy as np, jax.numpy as jnp, gdn.jax
+rng = np.random.default_rng(0)
+hk, hv, dk, dv, k = 1, 2, 8, 8, 4
+d = 2 * hk * dk + hv * dv
+c = 2 * hk * dk + 1
+qkv = rng.standard_normal((1, d)).astype(np.float32); qkv[0, c] = 3e38
+w = rng.standard_normal((d, k)).astype(np.float32); w[c] = 1.0
+conv = rng.standard_normal((3, k - 1, d)).astype(np.float32); conv[1, :, c] = 3e38
+ssm = rng.standard_normal((3, hv, dk, dv)).astype(np.float32)
+conv_pool, ssm_pool = jnp.asarray(conv), jnp.asarray(ssm)
+i32 = lambda x: np.asarray(x, np.int32)
+try:
+    (new_conv, new_ssm), out = gdn.jax.fused_conv1d_gdn(
+        jnp.asarray(qkv), jnp.asarray(rng.standard_normal((1, hv)), jnp.float32),
+        jnp.asarray(rng.standard_normal((1, hv)), jnp.float32), conv_pool, ssm_pool,
+        jnp.asarray(w), None, jnp.zeros(hv), jnp.zeros(hv), i32([0, 1]), i32([1]),
+        i32([1, 1, 1]), i32([2]), n_kq=hk, n_v=hv, d_k=dk, d_v=dv, kernel_size=k)
+    out.block_until_ready()
+    print("no error")
+    print("pools advanced:", not np.array_equal(np.asarray(new_conv), conv)
+          and not np.array_equal(np.asarray(new_ssm), ssm))
+except Exception as e:
+    print(type(e).__name__, str(e))
+    print("pools unchanged:", np.array_equal(np.asarray(conv_pool), conv)
+          and np.array_equal(np.asarray(ssm_pool), ssm))
+"""
+
 
 def _run(code, check):
     env = dict(os.environ)
@@ -91,3 +122,11 @@ def test_check_mode_step_that_raises_leaves_both_pools():
     assert "pools unchanged: True" in checked, checked
     unchecked = _run(_TORCH_STEP, False)
     assert "no error" in unchecked and "pools unchanged: False" in unchecked, unchecked
+
+
+def test_check_mode_jax_step_that_raises_keeps_the_pools_it_would_donate():
+    checked = _run(_JAX_STEP, True)
+    assert "output 'out' holds" in checked, checked
+    assert "pools unchanged: True" in checked, checked
+    unchecked = _run(_JAX_STEP, False)
+    assert "no error" in unchecked and "pools advanced: True" in unchecked, unchecked

@@ -138,9 +138,7 @@ def _host_check(floats, indices, options):
     _check(floats, tuple(specs), values, options)
 
 
-@functools.partial(jax.jit, donate_argnames=("conv_state", "recurrent_state"),
-                   static_argnames=_STATIC)
-def _step(
+def _step_impl(
     qkv: jax.Array,
     b: jax.Array,
     a: jax.Array,
@@ -171,9 +169,9 @@ def _step(
     mixed_tile_size: Optional[int] = None,
     threads: int = 0,
 ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
-    """fused_conv1d_gdn's computation, jitted with both pools donated; its index values are
-    checked by the handler when it runs (fused_conv1d_gdn checks them first when they are
-    concrete)."""
+    """fused_conv1d_gdn's computation (jitted below, with the pools donated or not); its index
+    values are checked by the handler when it runs (fused_conv1d_gdn checks them first when
+    they are concrete)."""
     indices = tuple(_ffi.index_array(x, name) for x, name in zip(
         (query_start_loc, state_indices, distribution, seq_lens, read_state_indices,
          read_offsets), _INDEX_NAMES))
@@ -197,6 +195,14 @@ def _step(
             has_conv_bias=conv_bias is not None, has_read_state_indices=read_slots is not None,
             has_read_offsets=offsets is not None)
     return (new_conv, new_rec), out
+
+
+# The step with both pools donated (updated in place), and without: in check mode
+# (GDN_CHECK_FINITE=1) a step can fail after it ran, when its results are not finite, and a
+# donated pool would then be gone; undonated, XLA works on a copy and the caller keeps its pools.
+_step = jax.jit(_step_impl, donate_argnames=("conv_state", "recurrent_state"),
+                static_argnames=_STATIC)
+_step_undonated = jax.jit(_step_impl, static_argnames=_STATIC)
 
 
 def fused_conv1d_gdn(
@@ -295,8 +301,10 @@ def fused_conv1d_gdn(
       they are gone. A serving engine that donates its pools calls
       ``check_fused_conv1d_gdn`` on its host index arrays before its jitted step.
 
-    A failure no check can foresee (memory, a GDN_CHECK_FINITE error) still fails a donated
-    call after the donation.
+    In check mode (GDN_CHECK_FINITE=1 in the environment) a step whose results are not finite
+    raises after it ran; the pools are then not donated (the step works on a copy of each, a
+    cost of check mode only), so the caller keeps them as they were. A failure no check can
+    foresee (memory) still fails a donated call after the donation.
 
     Example::
 
@@ -312,7 +320,8 @@ def fused_conv1d_gdn(
                      dt_bias), indices,
                     (n_kq, n_v, d_k, d_v, kernel_size, attention_mode, gate_lower_bound,
                      num_spec_tokens, compute_precision, threads))
-    return _step(
+    step = _step_undonated if _gdn.check_finite_from_environment() else _step
+    return step(
         qkv, b, a, conv_state, recurrent_state, conv_weight, conv_bias, a_log, dt_bias,
         query_start_loc, state_indices, distribution, seq_lens, read_state_indices, read_offsets,
         n_kq=n_kq, n_v=n_v, d_k=d_k, d_v=d_v, kernel_size=kernel_size,
