@@ -35,7 +35,7 @@ _NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "c
 _saved: dict[str, dict[str, object]] = {}  # module name -> the functions the patch replaced
 
 
-# Keywords transformers 5.24's GatedDeltaNet layers hand on from the model's forward
+# Keywords transformers' (5.24, 5.25) GatedDeltaNet layers hand on from the model's forward
 # (TransformersKwargs, FlashAttentionKwargs) that ask nothing of the conv or the delta rule:
 # output and cache flags, the loss's token count, flash attention's length hints, and its key
 # boundaries (a linear layer has no keys apart from its queries). Any other keyword is refused
@@ -55,7 +55,7 @@ def _check_model_kwargs(kwargs: dict) -> None:
                              "layer is causal), given False")
         if name not in _NOT_THE_OPS:
             raise ValueError(f"gdn: argument '{name}': expected one of the keywords transformers "
-                             f"5.24 hands to a GatedDeltaNet layer's functions (seq_idx, "
+                             f"5.24 and 5.25 hand to a GatedDeltaNet layer's functions (seq_idx, "
                              f"cu_seq_lens_q, {', '.join(sorted(_NOT_THE_OPS))}), given "
                              f"{type(value).__name__} (gdn.torch.patch does not know what it "
                              f"asks)")
@@ -73,14 +73,27 @@ def _packed_cu_seqlens(query: Tensor, cu_seqlens: Optional[Tensor],
     return _cu_from_seq_idx(seq_idx, 1, query.shape[1])
 
 
-def _check_cache(initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor]) -> None:
-    """The layers' initial state comes from the model's cache, one per batch row: several
-    packed sequences in a row cannot continue it (its conv state is the row's last inputs)."""
-    if initial_state is not None and cu_seqlens is not None and cu_seqlens.shape[0] > 2:
-        raise ValueError(f"gdn: argument 'initial_state': expected None with "
-                         f"{cu_seqlens.shape[0] - 1} packed sequences (a cache holds one state "
-                         f"per batch row: packed sequences continue none, pass use_cache=False), "
-                         f"given a cached state {list(initial_state.shape)}")
+def _check_cache(initial_state: Optional[Tensor], output_final_state: bool,
+                 cu_seqlens: Optional[Tensor]) -> None:
+    """A model with a cache hands its layers the cache's state (one per batch row) and asks for
+    the final one (output_final_state = a cache exists): several packed sequences in a row can
+    neither continue nor fill it, and transformers' attention layers do not keep packed
+    sequences apart when a cache is in use, so the logits would be wrong. Refused, as
+    unpatched transformers refuses packed sequences on the CPU."""
+    if cu_seqlens is None or cu_seqlens.shape[0] <= 2:
+        return
+    packed = cu_seqlens.shape[0] - 1
+    if initial_state is not None:
+        raise ValueError(f"gdn: argument 'initial_state': expected None with {packed} packed "
+                         f"sequences (a cache holds one state per batch row: packed sequences "
+                         f"continue none, pass use_cache=False), given a cached state "
+                         f"{list(initial_state.shape)}")
+    if output_final_state:
+        raise ValueError(f"gdn: argument 'output_final_state': expected False with {packed} "
+                         f"packed sequences (transformers asks for it when the model has a "
+                         f"cache, which holds one state per batch row, and its attention layers "
+                         f"do not keep packed sequences apart then: pass use_cache=False), given "
+                         f"True")
 
 
 def _chunk(query: Tensor, key: Tensor, value: Tensor, g: Tensor, beta: Tensor,
@@ -93,7 +106,7 @@ def _chunk(query: Tensor, key: Tensor, value: Tensor, g: Tensor, beta: Tensor,
     to be none of the op's business."""
     _check_model_kwargs(model_kwargs)
     cu_seqlens = _packed_cu_seqlens(query, cu_seqlens, seq_idx)
-    _check_cache(initial_state, cu_seqlens)
+    _check_cache(initial_state, output_final_state, cu_seqlens)
     return chunk_gated_delta_rule(query, key, value, g, beta, initial_state=initial_state,
                                   output_final_state=output_final_state,
                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
@@ -108,7 +121,7 @@ def _recurrent(query: Tensor, key: Tensor, value: Tensor, g: Tensor, beta: Tenso
     ``_chunk``'s."""
     _check_model_kwargs(model_kwargs)
     cu_seqlens = _packed_cu_seqlens(query, cu_seqlens, seq_idx)
-    _check_cache(initial_state, cu_seqlens)
+    _check_cache(initial_state, output_final_state, cu_seqlens)
     return fused_recurrent_gated_delta_rule(query, key, value, g=g, beta=beta,
                                             initial_state=initial_state,
                                             output_final_state=output_final_state,
