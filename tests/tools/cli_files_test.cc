@@ -138,6 +138,39 @@ TEST_F(Cli, FifoInputIsRefusedAtOnce) {
   }
 }
 
+// An output path that is a symbolic link is written through: the file it names is replaced
+// whole by the new contents and the link stays a link (a rename over the link would have made
+// it a regular file and left its target stale). An --out that exists and is not a directory is
+// refused in the option's name, before a file is written.
+TEST_F(Cli, OutputLinksAreWrittenThroughAndOutMustBeADirectory) {
+  write_step_inputs();
+  const std::string step = std::string("step --num-spec 2 --quiet") + kHeads;
+  ASSERT_EQ(gdn_cli(step + " " + io("full")).code, 0);
+  fs::create_directories(dir_ / "elsewhere");
+  fs::create_directories(dir_ / "out");
+  Tensor sentinel(DType::f32, {1});
+  sentinel.data<float>()[0] = 7.0f;
+  npy::save(path("elsewhere/recurrent_state.npy"), sentinel);
+  fs::create_symlink("../elsewhere/recurrent_state.npy", dir_ / "out" / "recurrent_state.npy");
+  const Result run = gdn_cli(step + " " + io("out"));
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_TRUE(fs::is_symlink(dir_ / "out" / "recurrent_state.npy"));
+  EXPECT_EQ(snapshot(dir_ / "elsewhere"),
+            (std::map<std::string, std::string>{
+                {"recurrent_state.npy", snapshot(dir_ / "full").at("recurrent_state.npy")}}))
+      << "the link's target is not the new file, or a temporary file is left beside it";
+  EXPECT_EQ(snapshot(dir_ / "out"), snapshot(dir_ / "full"));
+
+  { std::ofstream(dir_ / "afile") << "not a directory"; }
+  const Result file = gdn_cli(step + " --in " + quoted(dir_ / "in") + " --out " +
+                              quoted(dir_ / "afile"));
+  EXPECT_EQ(file.code, 1) << file.output;
+  EXPECT_NE(file.output.find("option '--out': expected a directory (made if missing), given '" +
+                             (dir_ / "afile").string() + "', which is not one"),
+            std::string::npos)
+      << file.output;
+}
+
 // float16 where the op takes 16-bit activations (q, k, v; qkv, a, b): read from '<f2' files,
 // run as the library runs them, out written as '<f2'.
 Tensor to_f16(const Tensor& t) {

@@ -47,9 +47,10 @@ inline Result gdn_cli(const std::string& args) {
 }
 
 // gdn_cli in a child process with a file size limit of `file_size` bytes (RLIMIT_FSIZE, which
-// holds for root too; SIGXFSZ ignored, so that a write past it fails with EFBIG as on a full
-// disk instead of killing the tool), killed by SIGALRM after `seconds` (a tool that blocks,
-// e.g. on a FIFO, fails the test instead of hanging it). code is -1 when it was killed.
+// holds for root too), as `ulimit -f` in a shell sets it: SIGXFSZ at its default, which kills a
+// process that writes past the limit unless it ignores the signal (the tool does, so that the
+// write fails with EFBIG as on a full disk), killed by SIGALRM after `seconds` (a tool that
+// blocks, e.g. on a FIFO, fails the test instead of hanging it). code is -1 when it was killed.
 inline Result gdn_cli_limited(const std::string& args, rlim_t file_size, unsigned seconds) {
   const std::string command = std::string("exec '") + GDN_CLI_PATH + "' " + args;
   Result r;
@@ -61,7 +62,7 @@ inline Result gdn_cli_limited(const std::string& args, rlim_t file_size, unsigne
     dup2(out[1], 2);
     close(out[0]);
     close(out[1]);
-    signal(SIGXFSZ, SIG_IGN);
+    signal(SIGXFSZ, SIG_DFL);
     const struct rlimit limit = {file_size, file_size};
     setrlimit(RLIMIT_FSIZE, &limit);
     alarm(seconds);  // kept across exec

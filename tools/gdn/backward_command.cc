@@ -130,7 +130,7 @@ int backward_command(int argc, char** argv) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  std::filesystem::create_directories(out_dir);
+  make_output_directory(out_dir);
   OutputFiles files;  // all in place together, or none
   npy::save(files, out_dir / "dq.npy", grads.dq);
   npy::save(files, out_dir / "dk.npy", grads.dk);

@@ -96,7 +96,7 @@ int forward_command(int argc, char** argv) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  std::filesystem::create_directories(out_dir);
+  make_output_directory(out_dir);
   OutputFiles files;  // all in place together, or none
   npy::save(files, out_dir / "o.npy", result.o);
   npy::save(files, out_dir / "ht.npy", result.final_state);

@@ -191,7 +191,7 @@ int layer_forward_command(int argc, char** argv) {
   });
   const double seconds = seconds_since(start);
 
-  std::filesystem::create_directories(out_dir);
+  make_output_directory(out_dir);
   OutputFiles files;  // all in place together, or none
   npy::save(files, out_dir / "out.npy", result.out);
   npy::save(files, out_dir / "conv_state_out.npy", result.conv_state_out);
@@ -277,7 +277,7 @@ int layer_backward_command(int argc, char** argv) {
   });
   const double seconds = seconds_since(start);
 
-  std::filesystem::create_directories(out_dir);
+  make_output_directory(out_dir);
   OutputFiles files;  // all in place together, or none
   std::string written;
   auto save = [&](const char* name, const Tensor& t) {

@@ -1,4 +1,5 @@
 // main.cc: the gdn command-line tool.
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -76,6 +77,10 @@ int print_version() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file size limit (ulimit -f) kills a process that writes past it unless SIGXFSZ is
+  // ignored; ignored, the write fails with EFBIG and the tool removes its temporary files and
+  // says which output could not be written (tools/gdn/output_files.h), as on a full disk.
+  std::signal(SIGXFSZ, SIG_IGN);
   const std::string command = argc > 1 ? argv[1] : "";
   try {
     if (command.empty() || command == "help" || command == "--help" || command == "-h") {

@@ -30,18 +30,42 @@ void write_all(int fd, const std::filesystem::path& path, std::string_view bytes
 
 }  // namespace
 
+void make_output_directory(const std::filesystem::path& dir) {
+  std::error_code error;
+  if (std::filesystem::is_directory(dir, error)) return;
+  if (std::filesystem::exists(dir, error)) {
+    throw OutputError("option '--out': expected a directory (made if missing), given '" +
+                      dir.string() + "', which is not one; no output file was changed");
+  }
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    throw OutputError("option '--out': cannot make the directory '" + dir.string() + "' (" +
+                      error.message() + "); no output file was changed");
+  }
+}
+
 OutputFiles::~OutputFiles() {
   for (const Staged& s : staged_) ::unlink(s.temp.c_str());
 }
 
 void OutputFiles::write(const std::filesystem::path& path,
                         std::initializer_list<std::string_view> parts) {
-  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
-  const std::string name = path.filename().string();
-  if (name.empty() || name == "." || name == "..") fail(path, "not a file name");
+  if (path.filename().empty() || path.filename() == "." || path.filename() == "..") {
+    fail(path, "not a file name");
+  }
+  // A link is written through (the rename replaces the file it names, not the link); a dangling
+  // one names a file to make.
+  std::filesystem::path target = path;
+  std::error_code error;
+  if (std::filesystem::is_symlink(path, error)) {
+    target = std::filesystem::weakly_canonical(path, error);
+    if (error) fail(path, "cannot follow its symbolic link (" + error.message() + ")");
+  }
+  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
+  const std::string name = target.filename().string();
   // A rename over a directory fails: refused here, before any file is written or renamed.
   struct stat existing {};
-  const bool exists = ::stat(path.c_str(), &existing) == 0;
+  const bool exists = ::stat(target.c_str(), &existing) == 0;
   if (exists && S_ISDIR(existing.st_mode)) fail(path, "is a directory");
   int fd = -1;
   std::filesystem::path temp;
@@ -54,7 +78,7 @@ void OutputFiles::write(const std::filesystem::path& path,
     }
   }
   // Registered at once, so that any failure below removes it.
-  staged_.push_back({path, temp});
+  staged_.push_back({path, target, temp});
   struct Closer {
     int fd;
     ~Closer() {
@@ -72,7 +96,7 @@ void OutputFiles::commit() {
   std::set<std::filesystem::path> dirs;
   for (std::size_t i = 0; i < staged_.size(); ++i) {
     const Staged& s = staged_[i];
-    if (::rename(s.temp.c_str(), s.path.c_str()) != 0) {
+    if (::rename(s.temp.c_str(), s.target.c_str()) != 0) {
       const std::string why = cause();
       std::string done;
       for (std::size_t j = 0; j < i; ++j) {
@@ -84,7 +108,7 @@ void OutputFiles::commit() {
           (done.empty() ? "no output file was changed"
                         : "already replaced: " + done + "; the others are as before"));
     }
-    dirs.insert(s.path.has_parent_path() ? s.path.parent_path() : ".");
+    dirs.insert(s.target.has_parent_path() ? s.target.parent_path() : ".");
   }
   staged_.clear();
   // The renames themselves to disk (best effort: not every file system syncs a directory).

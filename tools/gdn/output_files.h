@@ -21,6 +21,10 @@ class OutputError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Makes the --out directory `dir` (with its parents) if it is missing. Throws OutputError naming
+// --out when `dir` is something else (a regular file) or cannot be made.
+void make_output_directory(const std::filesystem::path& dir);
+
 class OutputFiles {
  public:
   OutputFiles() = default;
@@ -40,7 +44,7 @@ class OutputFiles {
 
  private:
   struct Staged {
-    std::filesystem::path path, temp;
+    std::filesystem::path path, target, temp;  // target: path, or the file its link names
   };
   std::vector<Staged> staged_;
 };

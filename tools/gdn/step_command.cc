@@ -261,7 +261,7 @@ int step_command(int argc, char** argv) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  std::filesystem::create_directories(out_dir);
+  make_output_directory(out_dir);
   // All three in place together or none: with --out = --in a failed write must leave the
   // pools of the previous step, both of them, whole.
   OutputFiles files;
