@@ -24,15 +24,21 @@ install(FILES ${PROJECT_BINARY_DIR}/gdnConfig.cmake ${PROJECT_BINARY_DIR}/gdnCon
         DESTINATION ${_gdn_cmake_dir})
 
 # gdn.pc finds its prefix from where it lies (${pcfiledir}), so the installed tree can move
-# and `cmake --install --prefix` needs no reconfigure.
+# and `cmake --install --prefix` needs no reconfigure; with an absolute CMAKE_INSTALL_LIBDIR or
+# INCLUDEDIR (a distribution's layout) it names the configured directories instead.
 set(_gdn_pc_dir ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}" OR IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
-  message(FATAL_ERROR "gdn: the pkg-config file needs relative CMAKE_INSTALL_LIBDIR and CMAKE_INSTALL_INCLUDEDIR; given '${CMAKE_INSTALL_LIBDIR}', '${CMAKE_INSTALL_INCLUDEDIR}'")
+  set(_gdn_pc_prefix "${CMAKE_INSTALL_PREFIX}")
+  set(_gdn_pc_libdir "${CMAKE_INSTALL_FULL_LIBDIR}")
+  set(_gdn_pc_includedir "${CMAKE_INSTALL_FULL_INCLUDEDIR}")
+else()
+  # From <prefix>/<libdir>/pkgconfig back up to <prefix> (any anchor will do for the walk).
+  file(RELATIVE_PATH _gdn_pc_up "/${_gdn_pc_dir}" "/")
+  string(REGEX REPLACE "/$" "" _gdn_pc_up "${_gdn_pc_up}")
+  set(_gdn_pc_prefix "\${pcfiledir}/${_gdn_pc_up}")
+  set(_gdn_pc_libdir "\${prefix}/${CMAKE_INSTALL_LIBDIR}")
+  set(_gdn_pc_includedir "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
 endif()
-file(RELATIVE_PATH _gdn_pc_prefix_from_pcdir "/root/${_gdn_pc_dir}" "/root")
-string(REGEX REPLACE "/$" "" _gdn_pc_prefix_from_pcdir "${_gdn_pc_prefix_from_pcdir}")
-set(_gdn_pc_libdir "\${prefix}/${CMAKE_INSTALL_LIBDIR}")
-set(_gdn_pc_includedir "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
 # OpenMP's runtime (libgomp with g++): a static libgdn.a leaves it to the program's link line.
 set(_gdn_openmp_libs "")
 if(GDN_OPENMP)
