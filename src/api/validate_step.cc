@@ -103,7 +103,11 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
   // The batch.
   check_rank("state_indices", in.state_indices);
   if (!in.state_indices.present() || in.state_indices.rank != 1) {
-    fail("state_indices", "int64 [N]", shape_of(in.state_indices));
+    // Its dtype is checked with its values; a binding's int32 is widened before this.
+    fail("state_indices", "a rank-1 array [N] (a slot per sequence)",
+         in.state_indices.present()
+             ? "rank " + std::to_string(in.state_indices.rank) + ", " + shape_of(in.state_indices)
+             : shape_of(in.state_indices));
   }
   const std::int64_t n = in.state_indices.sizes[0];
   check_sequence_count("state_indices", n, "N");

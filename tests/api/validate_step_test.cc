@@ -154,8 +154,12 @@ const std::vector<Rule>& rules() {
        }},
       {"StateIndicesAbsent",
        "state_indices",
-       {"int64 [N]", "absent"},
+       {"a rank-1 array [N] (a slot per sequence)", "absent"},
        [](StepCall& c) { c.in.state_indices = {}; }},
+      {"StateIndicesRank2",
+       "state_indices",
+       {"a rank-1 array [N] (a slot per sequence)", "rank 2, [1, 5]"},
+       [](StepCall& c) { c.in.state_indices = TensorView(c.si.data(), {1, 5}); }},
       // Read slots.
       {"ReadSlotWrittenByAnotherSequence",
        "read_offsets",

@@ -348,8 +348,8 @@ def _update_rows(x: Tensor, conv_state: Tensor, taps: int,
         return None
     idx = conv_state_indices
     if idx.dim() != 1 or idx.shape[0] != batch or idx.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"gdn: argument 'conv_state_indices': expected int32 [B] = "
-                         f"[{batch}], given {idx.dtype} {list(idx.shape)}")
+        raise ValueError(f"gdn: argument 'conv_state_indices': expected int32 or int64 "
+                         f"[B] = [{batch}], given {idx.dtype} {list(idx.shape)}")
     rows = idx.tolist()
     pool = conv_state.shape[0]
     if any(r < 0 or r >= pool for r in rows):
