@@ -211,12 +211,13 @@ void check_step(const Spec& qkv, const Spec& b, const Spec& a, const Spec& conv_
                 const std::optional<std::vector<std::optional<Values>>>& index_values) {
   constexpr std::size_t kIndexArguments = 6;
   if (index_values && index_values->size() != kIndexArguments) {
-    throw std::invalid_argument("gdn: check_step: expected the values of 6 index arguments, given " +
-                                std::to_string(index_values->size()));
+    throw std::invalid_argument(
+        "gdn: check_step: expected the values of 6 index arguments, given " +
+        std::to_string(index_values->size()));
   }
-  const std::array<const Spec*, kIndexArguments> index_specs{
-      &query_start_loc, &state_indices, &distribution, &seq_lens, &read_state_indices,
-      &read_offsets};
+  const std::array<const Spec*, kIndexArguments> index_specs{&query_start_loc,    &state_indices,
+                                                             &distribution,       &seq_lens,
+                                                             &read_state_indices, &read_offsets};
   // All or none: placeholders beside real values could fail a batch that is right.
   for (std::size_t i = 0; index_values && i < kIndexArguments; ++i) {
     if (index_specs[i]->has_value() != (*index_values)[i].has_value()) {

@@ -159,7 +159,9 @@ const std::vector<Rule>& rules() {
       {"StateIndicesRank2",
        "state_indices",
        {"a rank-1 array [N] (a slot per sequence)", "rank 2, [1, 5]"},
-       [](StepCall& c) { c.in.state_indices = TensorView(c.si.data(), {1, 5}); }},
+       [](StepCall& c) {
+         c.in.state_indices = TensorView(c.si.data(), {1, 5});
+       }},
       // Read slots.
       {"ReadSlotWrittenByAnotherSequence",
        "read_offsets",

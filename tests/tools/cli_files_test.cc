@@ -162,8 +162,8 @@ TEST_F(Cli, OutputLinksAreWrittenThroughAndOutMustBeADirectory) {
   EXPECT_EQ(snapshot(dir_ / "out"), snapshot(dir_ / "full"));
 
   { std::ofstream(dir_ / "afile") << "not a directory"; }
-  const Result file = gdn_cli(step + " --in " + quoted(dir_ / "in") + " --out " +
-                              quoted(dir_ / "afile"));
+  const Result file =
+      gdn_cli(step + " --in " + quoted(dir_ / "in") + " --out " + quoted(dir_ / "afile"));
   EXPECT_EQ(file.code, 1) << file.output;
   EXPECT_NE(file.output.find("option '--out': expected a directory (made if missing), given '" +
                              (dir_ / "afile").string() + "', which is not one"),
