@@ -20,7 +20,7 @@ command -v "$cxx" >/dev/null || { echo "fuzz: no $cxx (scripts/setup.sh --tests 
 
 # OpenMP off: one thread per run (libFuzzer's own -jobs/-workers parallelise).
 cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$cxx" \
-      -DGDN_BUILD_FUZZERS=ON -DGDN_BUILD_TESTS=OFF -DGDN_OPENMP=OFF >/dev/null
+      -DGDN_BUILD_FUZZERS=ON -DGDN_BUILD_TESTS=OFF -DGDN_THREADS=OFF >/dev/null
 echo "fuzz: building ${targets[*]} in build/fuzz (log build/fuzz/build.log)"
 if ! cmake --build build/fuzz -j "$jobs" --target "${targets[@]}" >build/fuzz/build.log 2>&1; then
   tail -40 build/fuzz/build.log >&2

@@ -39,12 +39,14 @@ const char* cpu_isa_unavailable_reason(CpuIsa isa);
 // Throws gdn::RuntimeError when the requested (or environment-named) variant is unavailable.
 CpuIsa resolve_cpu_isa(CpuIsa requested);
 
-// Threads a call with `threads = 0` uses: OpenMP's default (OMP_NUM_THREADS, else all cores),
-// or 1 in a build without OpenMP.
+// Threads a call with `threads = 0` uses: the first number of OMP_NUM_THREADS when it is set
+// (the variable kept the meaning it had when the library ran on OpenMP), else the CPUs this
+// process may run on (its affinity mask), at most 1024; 1 in a build with GDN_THREADS=OFF.
+// gdn/threads.h says where the threads come from.
 int default_threads();
 
-// True when the library was built with OpenMP.
-bool built_with_openmp();
+// False in a build configured with GDN_THREADS=OFF, where every call runs on its caller alone.
+bool built_with_threads();
 
 // True when the environment variable GDN_CHECK_FINITE was "1" when the library first read it
 // (once per process): every call then runs in check mode (gdn/error.h). A binding that donates

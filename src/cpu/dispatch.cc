@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu/kernels.h"
@@ -11,12 +12,6 @@
 #include "gdn/error.h"
 #include "gdn/runtime.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-#ifdef __unix__
-#include <pthread.h>
-#endif
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -184,16 +179,19 @@ double measure_peak(float (*loop)(std::int64_t), std::int64_t flops_per_round, i
   volatile float sink = 0;
   for (int trial = 0; trial < kTrials; ++trial) {
     const auto start = std::chrono::steady_clock::now();
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads)
-#endif
-    {
-      const float value = loop(iterations);
-#ifdef _OPENMP
-#pragma omp critical
-#endif
-      sink = sink + value;
+    // Every thread must run at once (a peak is all cores busy), so these are plain threads
+    // started per trial, not the call pool, whose caller would take every round alone when a
+    // helper is late.
+    std::vector<float> values(static_cast<std::size_t>(threads), 0.0f);
+    std::vector<std::thread> others;
+    for (int t = 1; t < threads; ++t) {
+      others.emplace_back([&values, t, loop, iterations] {
+        values[static_cast<std::size_t>(t)] = loop(iterations);
+      });
     }
+    values[0] = loop(iterations);
+    for (std::thread& other : others) other.join();
+    for (const float value : values) sink = sink + value;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double gflops =
@@ -270,41 +268,6 @@ CpuIsa resolve_cpu_isa(CpuIsa requested) {
                        " is not available: " + cpu_isa_unavailable_reason(requested));
   }
   return requested;
-}
-
-namespace cpu {
-namespace {
-
-std::atomic<bool> forked_child{false};
-
-// Registered once, before the first parallel call could have started OpenMP's threads.
-const bool fork_handler_registered = [] {
-#ifdef __unix__
-  pthread_atfork(nullptr, nullptr, [] { forked_child.store(true, std::memory_order_relaxed); });
-#endif
-  return true;
-}();
-
-}  // namespace
-
-bool in_forked_child() { return forked_child.load(std::memory_order_relaxed); }
-
-}  // namespace cpu
-
-int default_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
-bool built_with_openmp() {
-#ifdef _OPENMP
-  return true;
-#else
-  return false;
-#endif
 }
 
 }  // namespace gdn

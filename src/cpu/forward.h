@@ -5,10 +5,6 @@
 #include "gdn/plan.h"
 #include "gdn/runtime.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 namespace gdn::cpu {
 
 // Runs the forward on `isa` (resolved here; automatic allowed) with problem.threads threads,

@@ -5,13 +5,10 @@
 #include <cstdint>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "api/problem.h"
 #include "api/validate.h"
 #include "common/half_bits.h"
+#include "common/work_items.h"
 #include "gdn/backward.h"
 #include "gdn/conv.h"
 #include "gdn/forward.h"
@@ -119,16 +116,12 @@ inline void write_matrix(const detail::MatrixTensor<std::byte*>& m, std::int64_t
   }
 }
 
-// Runs fn(i) for i in [0, items) on up to `threads` threads (0: OpenMP's default; never more
-// than there are items).
+// Runs fn(i) for i in [0, items) on up to `threads` threads (0: default_threads(); never
+// more than there are items), as the fast path hands out its items (common/work_items.h).
 template <class Fn>
 void parallel_for(int threads, std::int64_t items, Fn&& fn) {
-#ifdef _OPENMP
-  std::int64_t n = threads > 0 ? threads : omp_get_max_threads();
-  if (n > items) n = items > 0 ? items : 1;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(static_cast <int>(n))
-#endif
-  for (std::int64_t item = 0; item < items; ++item) fn(item);
+  auto run = [&fn](std::int64_t item, int) { fn(item); };
+  detail::run_items(threads > 0 ? threads : default_threads(), items, run);
 }
 
 // Runs fn(s, h) for every (sequence, value head) with problem.threads threads.

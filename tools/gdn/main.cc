@@ -69,7 +69,8 @@ int print_version() {
                 why != nullptr ? why : "", why != nullptr ? ")" : "");
   }
   std::printf("\nselected: %s\n", gdn::cpu_isa_name(gdn::resolve_cpu_isa(gdn::CpuIsa::automatic)));
-  std::printf("OpenMP: %s, default threads: %d\n", gdn::built_with_openmp() ? "yes" : "no",
+  std::printf("threads: %s, default threads: %d\n",
+              gdn::built_with_threads() ? "the library's pool" : "off (GDN_THREADS=OFF)",
               gdn::default_threads());
   return 0;
 }
