@@ -4,11 +4,10 @@
 #   build/asan  g++, AddressSanitizer + UndefinedBehaviorSanitizer, leaks too: the whole
 #               CTest suite (every op: core forward and backward, layer, conv, step, the gdn
 #               tool; every CPU variant this host runs, the tests loop over them);
-#   build/tsan  clang with LLVM's OpenMP runtime (libomp: its Archer tool tells ThreadSanitizer
-#               about OpenMP's synchronisation, which libgomp cannot), OMP_NUM_THREADS=2: the
-#               threaded tests (every op's BitIdenticalForAnyThreadCount, 1 to 7 threads on
-#               every CPU variant; the conv op's, the step's and the floating-point
-#               environment's tests); it runs first (the shorter).
+#   build/tsan  clang, OMP_NUM_THREADS=2 (the default thread count): the threaded tests (every
+#               op's BitIdenticalForAnyThreadCount, 1 to 7 threads on every CPU variant; the
+#               library's pool and item loop, CpuThreads and WorkItems; the conv op's, the
+#               step's and the floating-point environment's tests); it runs first (the shorter).
 # Both build with -fno-sanitize-recover=all and run with halt_on_error=1; every report is also
 # written under build/{asan,tsan}/reports/, and a file there fails the run (so a report from a
 # child process, the gdn tool under cli_test, fails it too). Memory.* skip themselves (they
@@ -48,18 +47,17 @@ run_tree() {
 
 common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGDN_BUILD_PYTHON=OFF -DGDN_BUILD_DEV=OFF)
 
-# ThreadSanitizer, clang + libomp: the threaded tests (CpuStep.OnePrefillOf8192Tokens left out:
+# ThreadSanitizer, clang: the threaded tests (CpuStep.OnePrefillOf8192Tokens left out:
 # the same code as the step's other prefills, 8192 tokens long).
 cmake -S . -B build/tsan "${common[@]}" -DCMAKE_CXX_COMPILER=clang++ -DGDN_SANITIZE=thread
 cmake --build build/tsan -j "$jobs"
 tsan_reports="$PWD/build/tsan/reports"
 OMP_NUM_THREADS=2 \
 TSAN_OPTIONS="halt_on_error=1:ignore_noninstrumented_modules=1:second_deadlock_stack=1:log_path=$tsan_reports/tsan" \
-  run_tree build/tsan -R 'ForAnyThreadCount|^SubnormalsAsZero[.]|^CpuConv[.]|^Matrix/ConvMatchesReference[.]|^CpuStep[.]' \
+  run_tree build/tsan -R 'ForAnyThreadCount|^CpuThreads[.]|^WorkItems[.]|^SubnormalsAsZero[.]|^CpuConv[.]|^Matrix/ConvMatchesReference[.]|^CpuStep[.]' \
   -E '^CpuStep[.]OnePrefillOf8192Tokens$' "$@"
 
-# AddressSanitizer + UndefinedBehaviorSanitizer, g++ (libgomp; clang's libomp leaks the teams
-# it reallocates when the thread count changes, which LeakSanitizer reports): the whole suite.
+# AddressSanitizer + UndefinedBehaviorSanitizer, g++: the whole suite.
 cmake -S . -B build/asan "${common[@]}" -DCMAKE_CXX_COMPILER=g++ -DGDN_SANITIZE="address;undefined"
 cmake --build build/asan -j "$jobs"
 asan_reports="$PWD/build/asan/reports"

@@ -7,13 +7,13 @@
 #                              built from this checkout (import gdn.jax)
 #   scripts/setup.sh --tests   all of that, GoogleTest, pytest (tests/requirements.txt), clang
 #                              with libFuzzer (scripts/fuzz.sh) and what --sanitize installs
-#   scripts/setup.sh --sanitize GoogleTest, clang, its sanitizer runtimes and LLVM's OpenMP
+#   scripts/setup.sh --sanitize GoogleTest, clang and its sanitizer runtimes
 #                              runtime (scripts/sanitize.sh; g++'s runtimes come with g++)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ cmake ninja-build)
-sanitize_packages=(clang libclang-rt-dev libomp-dev)
+sanitize_packages=(clang libclang-rt-dev)
 requirements=""
 case "${1:-}" in
   "") ;;

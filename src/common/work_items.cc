@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "gdn/error.h"
 #include "gdn/runtime.h"
 #include "gdn/threads.h"
 
@@ -45,19 +46,32 @@ void relax() {
 // and how long a caller spins for a helper's last item before it sleeps: long enough that the
 // back-to-back calls of a model's layers find their helpers awake, short enough that an idle
 // pool gives its cores back to the host within a fraction of a millisecond. GDN_SPIN_US
-// overrides it (0: sleep at once).
-std::chrono::microseconds spin_time() {
-  static const std::chrono::microseconds value = [] {
-    long us = 50;
-    if (const char* text = std::getenv("GDN_SPIN_US"); text != nullptr && *text != '\0') {
+// overrides it (0: sleep at once); a value that is not a whole number of microseconds from 0
+// to 1000000 makes every call that would start helpers throw (spin_time_error).
+struct SpinSetting {
+  std::chrono::microseconds time{50};
+  std::string error;  // empty when GDN_SPIN_US is unset or valid
+};
+
+const SpinSetting& spin_setting() {
+  static const SpinSetting value = [] {
+    SpinSetting setting;
+    if (const char* text = std::getenv("GDN_SPIN_US"); text != nullptr) {
       char* end = nullptr;
       const long parsed = std::strtol(text, &end, 10);
-      if (end != text && *end == '\0' && parsed >= 0 && parsed <= 1000000) us = parsed;
+      if (*text == '\0' || end == text || *end != '\0' || parsed < 0 || parsed > 1000000) {
+        setting.error = std::string("GDN_SPIN_US: expected a whole number of microseconds from 0 "
+                                    "to 1000000, given '") + text + "'";
+      } else {
+        setting.time = std::chrono::microseconds(parsed);
+      }
     }
-    return std::chrono::microseconds(us);
+    return setting;
   }();
   return value;
 }
+
+std::chrono::microseconds spin_time() { return spin_setting().time; }
 
 // Spins until done() or the spin time has passed; true when done() held.
 template <class Done>
@@ -280,6 +294,7 @@ void run_items(int threads, std::int64_t items, ItemBody body, void* context) {
   if (in_forked_child()) helpers = 0;
   Executor& executor = current_executor != nullptr ? *current_executor : pool();
   if (helpers > executor.helpers()) helpers = executor.helpers();
+  if (helpers > 0 && !spin_setting().error.empty()) throw RuntimeError(spin_setting().error);
   if (helpers > 0) {
     job->max_helpers = static_cast<int>(helpers);
     if (&executor == &pool()) pool().reserve(static_cast<int>(helpers));

@@ -106,6 +106,22 @@ TEST_F(Cli, PlanPrintsChoicesAndTimesAlternatives) {
 }
 
 // The benchmark on a small shape: the check passes and the JSON lines carry every field.
+// GDN_SPIN_US is read once per process: a bad value fails the first call that would start
+// helpers, naming the variable, what it takes and what it was given; one thread needs none.
+TEST_F(Cli, BadSpinTimeIsAClearErrorOnlyForCallsWithHelpers) {
+  const std::string step = "bench --op step --preset decode-64 --repeats 1 --threads ";
+  const Result two = gdn_cli(step + "2", "GDN_SPIN_US=fast");
+  EXPECT_NE(two.code, 0) << two.output;
+  EXPECT_NE(two.output.find("GDN_SPIN_US: expected a whole number of microseconds from 0 to "
+                            "1000000, given 'fast'"),
+            std::string::npos)
+      << two.output;
+  const Result one = gdn_cli(step + "1", "GDN_SPIN_US=fast");
+  EXPECT_EQ(one.code, 0) << one.output;
+  const Result zero = gdn_cli(step + "2", "GDN_SPIN_US=0");
+  EXPECT_EQ(zero.code, 0) << zero.output;
+}
+
 TEST_F(Cli, BenchJsonLines) {
   const Result run =
       gdn_cli("bench --tokens 130 --hk 2 --hv 4 --dk 32 --dv 16 --repeats 2 --json --threads 2");

@@ -33,8 +33,10 @@ struct Result {
   std::string output;  // stdout and stderr
 };
 
-inline Result gdn_cli(const std::string& args) {
-  const std::string command = std::string("'") + GDN_CLI_PATH + "' " + args + " 2>&1";
+// Runs the tool with `args` (shell words), its stdout and stderr together; `environment`
+// ("NAME=value ...") is set for the tool alone.
+inline Result gdn_cli(const std::string& args, const std::string& environment = "") {
+  const std::string command = environment + " '" + GDN_CLI_PATH + "' " + args + " 2>&1";
   Result r;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return r;
