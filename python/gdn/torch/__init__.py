@@ -16,7 +16,9 @@ The ops are registered as ``torch.ops.gdn.chunk_fwd``, ``chunk_bwd``, ``conv_fwd
 (``torch.compile(fullgraph=True)`` traces through them) and autograd formulas that call the
 C++ backward with what the forward saved (the inference calls ``conv_update``, ``step`` and
 ``fused_gdn_step`` have none). Checks of tensor values run in the ops' bodies, so a compiled
-graph raises what eager mode does. docs/torch.md explains them.
+graph raises what eager mode does. Every op runs on torch's intra-op thread count
+(``torch.get_num_threads()``, read when the op runs); an explicit ``threads`` is clamped to it.
+docs/torch.md explains them.
 """
 
 try:

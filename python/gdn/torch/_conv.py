@@ -17,7 +17,7 @@ from torch import Tensor
 
 from gdn import _gdn
 from gdn._options import library_names, static_int
-from gdn.torch._ops import check_devices, compute_dtype, raw
+from gdn.torch._ops import check_devices, compute_dtype, library_threads, raw
 
 ACTIVATIONS = (None, "silu", "swish")
 
@@ -45,8 +45,8 @@ def conv_fwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], initial_state: O
                                   torch.empty)
     with library_names(_OP_NAMES):
         _gdn.conv_forward(raw(x), raw(weight), raw(bias), raw(initial_state), raw(cu_seqlens),
-                          raw(out), raw(final) if want_final_state else None, silu, threads,
-                          False)
+                          raw(out), raw(final) if want_final_state else None, silu,
+                          library_threads(threads), False)
     return out, final
 
 
@@ -73,8 +73,8 @@ def conv_bwd(x: Tensor, weight: Tensor, bias: Optional[Tensor], initial_state: O
         _gdn.conv_backward(raw(x), raw(weight), raw(bias), raw(initial_state), raw(cu_seqlens),
                            raw(d_out), raw(d_final_state), raw(dx), raw(dw),
                            raw(db) if bias is not None else None,
-                           raw(ds) if initial_state is not None else None, silu, threads,
-                           False)
+                           raw(ds) if initial_state is not None else None, silu,
+                           library_threads(threads), False)
     return dx, dw, db, ds
 
 
@@ -106,7 +106,7 @@ def reference_forward(x, weight, bias, initial_state, cu_seqlens, silu):
     out, final = _forward_outputs(x, weight, initial_state, cu_seqlens, True, torch.empty)
     out, final = out.to(torch.float64), final.to(torch.float64)
     _gdn.conv_forward(raw(x), raw(weight), raw(bias), raw(initial_state), raw(cu_seqlens),
-                      raw(out), raw(final), silu, 0, True)
+                      raw(out), raw(final), silu, library_threads(0), True)
     return out, final
 
 
@@ -117,7 +117,8 @@ def reference_backward(x, weight, bias, initial_state, cu_seqlens, d_out, d_fina
     _gdn.conv_backward(raw(x), raw(weight), raw(bias), raw(initial_state), raw(cu_seqlens),
                        raw(d_out), raw(d_final_state), *(raw(t) for t in outs[:2]),
                        raw(outs[2]) if bias is not None else None,
-                       raw(outs[3]) if initial_state is not None else None, silu, 0, True)
+                       raw(outs[3]) if initial_state is not None else None, silu,
+                       library_threads(0), True)
     return tuple(outs)
 
 
@@ -204,7 +205,8 @@ def causal_conv1d_fn(
       activation: None, "silu" or "swish".
       cu_seqlens: (gdn) int32 / int64 [N + 1] boundaries of a packed batch, B = 1; then
         initial_states and the final states are [N, D, K - 1], one per sequence.
-      threads: CPU threads, 0 = all. Results do not depend on it.
+      threads: CPU threads: 0 (the default) = ``torch.get_num_threads()``, read when the op
+        runs; a larger count is clamped to it. Results do not depend on it.
 
     Returns:
       out [B, D, T] in x's dtype (a channel-last layout: out.transpose(1, 2) is contiguous), or
@@ -294,7 +296,8 @@ def causal_conv1d_update(
       conv_state_indices: int32 / int64 [B], optional: the row of conv_state each batch row
         continues (default: row b); every index in [0, B_pool), no row twice.
       cache_seqlens: circular state buffers are not supported (must be None).
-      threads: CPU threads, 0 = all.
+      threads: CPU threads: 0 (the default) = ``torch.get_num_threads()``, read when the op
+        runs; a larger count is clamped to it.
 
     Returns:
       out, shaped like x, in x's dtype.
@@ -391,8 +394,8 @@ def conv_update(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Optional[Te
         cu = torch.arange(batch + 1, dtype=torch.int64) * tokens
         with library_names(_UPDATE_NAMES):
             _gdn.conv_forward(raw(flat), raw(w), raw(b), raw(state), raw(cu),
-                              raw(out.view(batch * tokens, channels)), None, silu, threads,
-                              False)
+                              raw(out.view(batch * tokens, channels)), None, silu,
+                              library_threads(threads), False)
     new_rows = torch.cat([rows, x.to(conv_state.dtype)], dim=-1)[:, :, -size:]
     if idx is None:
         conv_state.copy_(new_rows)

@@ -173,7 +173,10 @@ def chunk_gated_delta_rule(
         rebuilds both). The gradients are the same bit for bit; memory and time differ.
       matmul_precision: "compute" or "bf16" (the chunked products' operands rounded to bf16,
         sums in float32; docs/numerics.md).
-      threads: CPU threads, 0 = all (OMP_NUM_THREADS). Results do not depend on it.
+      threads: CPU threads. 0 (the default) is torch's intra-op thread count,
+        ``torch.get_num_threads()``; a larger count is clamped to it, so the op runs on one
+        thread where torch does (``torch.set_num_threads(1)``, a DataLoader worker). Read when
+        the op runs, also in a compiled graph and in the backward. Results do not depend on it.
 
     Returns:
       (o, final_state): o [B, T, HV, V] in q's dtype; final_state or None.
@@ -187,6 +190,9 @@ def chunk_gated_delta_rule(
 
         o, ht = gdn.torch.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True,
                                                  use_qk_l2norm_in_kernel=True)
+
+        torch.set_num_threads(1)  # gdn's ops follow torch: one thread from here on
+        o, _ = gdn.torch.chunk_gated_delta_rule(q, k, v, g, beta, threads=4)  # still one
     """
     return _run(q, k, v, g, beta, scale, initial_state, output_final_state,
                 use_qk_l2norm_in_kernel, cu_seqlens, chunk_size, residuals, matmul_precision,
@@ -222,7 +228,8 @@ def fused_recurrent_gated_delta_rule(
     Arguments as ``chunk_gated_delta_rule``, with fla's extras: g None means no decay, beta None
     means 1; ``use_gate_in_kernel`` takes g as the raw gate input and forms
     ``-exp(A_log) * softplus(g + dt_bias)`` (A_log, dt_bias [HV]); ``use_beta_sigmoid_in_kernel``
-    applies the sigmoid to beta; ``allow_neg_eigval`` doubles beta (fla's 2 sigmoid). Per-key
+    applies the sigmoid to beta; ``allow_neg_eigval`` doubles beta (fla's 2 sigmoid); ``threads``
+    as there (torch's thread count by default, at most that). Per-key
     and per-value gates (gk, gv) are not supported. Differentiable; the backward rebuilds what
     it needs (nothing is kept).
 

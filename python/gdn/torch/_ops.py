@@ -25,6 +25,23 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat
                 torch.float16: "float16", torch.int32: "int32", torch.int64: "int64"}
 
 
+# The library's own bound on a call's threads (options.threads, 0 to 1024): a request outside
+# it is handed on unchanged, so that the library's message names it, in eager and compiled mode.
+_LIBRARY_MAX_THREADS = 1024
+
+
+def library_threads(requested: int) -> int:
+    """The threads a call hands the library: torch's intra-op setting, ``torch.get_num_threads()``,
+    for ``requested`` = 0, and at most that for an explicit count, so that gdn never runs more
+    threads than torch would (one where torch says one: ``torch.set_num_threads(1)``, a
+    DataLoader worker). Called in the ops' bodies, when they run: a compiled graph follows a
+    ``torch.set_num_threads`` made after it was traced."""
+    if requested < 0 or requested > _LIBRARY_MAX_THREADS:
+        return requested
+    limit = min(max(torch.get_num_threads(), 1), _LIBRARY_MAX_THREADS)
+    return limit if requested == 0 else min(requested, limit)
+
+
 def raw(t: Optional[Tensor]):
     """(address, sizes, strides, dtype name) of a CPU tensor for the library, None for None."""
     if t is None:
@@ -98,7 +115,8 @@ def chunk_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
             raw(q), raw(k), raw(v), raw(g), raw(beta), raw(initial_state), raw(cu_seqlens),
             raw(o), raw(ht) if want_final_state else None,
             raw(states) if keep_chunk_states else None, raw(t_inv) if keep_t_inv else None,
-            scale, use_qk_l2norm, chunk_size, recurrent, bf16_matmul, threads, False)
+            scale, use_qk_l2norm, chunk_size, recurrent, bf16_matmul, library_threads(threads),
+            False)
     return o, ht, states, t_inv
 
 
@@ -132,7 +150,7 @@ def chunk_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
             raw(q), raw(k), raw(v), raw(g), raw(beta), raw(initial_state), raw(cu_seqlens),
             raw(d_o), raw(d_final_state), raw(chunk_states), raw(t_inv),
             *(raw(x) for x in outs[:5]), raw(outs[5]) if initial_state is not None else None,
-            scale, use_qk_l2norm, chunk_size, bf16_matmul, threads, False)
+            scale, use_qk_l2norm, chunk_size, bf16_matmul, library_threads(threads), False)
     return outs
 
 
@@ -175,7 +193,7 @@ def reference_forward(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk
     _gdn.core_forward(
         raw(q), raw(k), raw(v), raw(g), raw(beta), raw(initial_state), raw(cu_seqlens), raw(o),
         raw(ht) if want_final_state else None, raw(states) if keep_chunk_states else None, None,
-        scale, use_qk_l2norm, chunk_size, True, False, 0, True)
+        scale, use_qk_l2norm, chunk_size, True, False, library_threads(0), True)
     return o, (ht if want_final_state else None), (states if keep_chunk_states else None)
 
 
@@ -187,6 +205,6 @@ def reference_backward(q, k, v, g, beta, initial_state, cu_seqlens, d_o, d_final
     _gdn.core_backward(
         raw(q), raw(k), raw(v), raw(g), raw(beta), raw(initial_state), raw(cu_seqlens), raw(d_o),
         raw(d_final_state), None, None, *(raw(x) for x in outs[:5]),
-        raw(outs[5]) if initial_state is not None else None, scale, use_qk_l2norm, 64, False, 0,
-        True)
+        raw(outs[5]) if initial_state is not None else None, scale, use_qk_l2norm, 64, False,
+        library_threads(0), True)
     return tuple(outs[:5]) + ((outs[5] if initial_state is not None else None),)

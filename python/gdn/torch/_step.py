@@ -16,7 +16,7 @@ from torch import Tensor
 
 from gdn import _gdn
 from gdn._options import library_names, static_int
-from gdn.torch._ops import check_devices, raw
+from gdn.torch._ops import check_devices, library_threads, raw
 
 # The library's names -> the op's arguments, in its error messages; fused_gdn_step's batch
 # description adds its own.
@@ -39,7 +39,8 @@ def step(qkv: Tensor, a: Tensor, b: Tensor, conv_weight: Tensor, conv_bias: Opti
     vLLM's metadata: query_start_loc, state_indices, seq_lens, distribution [decode_end,
     prefill_end, mixed_end], read_state_indices, read_offsets, num_spec speculative tokens).
     Returns out [T, Hv Dv] in qkv's dtype; conv_state [num_slots, K - 1, D] and ssm_state
-    [num_slots, Hv, Dk, Dv] (contiguous) are updated in place. Bad input raises ValueError
+    [num_slots, Hv, Dk, Dv] (contiguous) are updated in place. ``threads``: 0 =
+    ``torch.get_num_threads()``, a larger count clamped to it. Bad input raises ValueError
     before anything is written."""
     out = torch.empty((qkv.shape[0], num_v_heads * head_v_dim), dtype=qkv.dtype)
     with library_names(_OP_NAMES):
@@ -47,7 +48,7 @@ def step(qkv: Tensor, a: Tensor, b: Tensor, conv_weight: Tensor, conv_bias: Opti
                   raw(dt_bias), raw(conv_state), raw(ssm_state), raw(query_start_loc),
                   raw(state_indices), raw(seq_lens), raw(distribution), raw(read_state_indices),
                   raw(read_offsets), raw(out), num_k_heads, num_v_heads, head_k_dim, head_v_dim,
-                  num_spec, threads, False)
+                  num_spec, library_threads(threads), False)
     return out
 
 
@@ -148,7 +149,8 @@ def fused_step(qkv: Tensor, a: Tensor, b: Tensor, conv_weight: Tensor, conv_bias
         _gdn.step(raw(qkv), raw(a), raw(b), raw(conv_weight), raw(conv_bias), raw(A_log),
                   raw(dt_bias), raw(pool), raw(ssm_state), raw(cu_seqlens),
                   raw(initial_state_indices), raw(seq_lens), raw(distribution), None, None,
-                  raw(out), num_k_heads, num_v_heads, head_k_dim, head_v_dim, 0, threads, False)
+                  raw(out), num_k_heads, num_v_heads, head_k_dim, head_v_dim, 0,
+                  library_threads(threads), False)
     return out
 
 
@@ -207,7 +209,8 @@ def fused_gdn_step(
       cu_seqlens: int32 / int64 [N + 1]: the sequences' token boundaries, from 0, at most T.
       has_initial_state: bool [N], or None (every sequence continues from its slot).
       num_k_heads, num_v_heads, head_k_dim, head_v_dim: the head layout (Hv a multiple of Hk).
-      threads: CPU threads, 0 = all. Results do not depend on it.
+      threads: CPU threads: 0 (the default) = ``torch.get_num_threads()``, read when the op
+        runs; a larger count is clamped to it. Results do not depend on it.
 
     Returns:
       out [T, Hv Dv] in qkv's dtype (q and k L2-normalised, scale Dk ** -0.5).
