@@ -113,12 +113,16 @@ class Pool final : public Executor {
     if (sleeping_.load(std::memory_order_relaxed) > 0) wake_.notify_one();
   }
 
-  // Starts threads until there are at least `count`.
-  void reserve(int count) {
+  // Starts threads until there are at least `count`. A thread the system refuses is not an
+  // error: the call's caller runs the items that no helper takes.
+  void reserve(int count) noexcept {
     if (started_.load(std::memory_order_acquire) >= count) return;
     const std::lock_guard<std::mutex> lock(mutex_);
     int started = started_.load(std::memory_order_relaxed);
-    for (; started < count; ++started) std::thread([this] { work(); }).detach();
+    try {
+      for (; started < count; ++started) std::thread([this] { work(); }).detach();
+    } catch (...) {
+    }
     started_.store(started, std::memory_order_release);
   }
 
