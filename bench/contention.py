@@ -37,6 +37,12 @@ Examples:
   python bench/contention.py --gdn build/pool/gdn --baseline build/main/gdn
   python bench/contention.py --cases decode-1 --loads none,omp --rounds 5
   python bench/contention.py --cpus 0,1 --json > contention.jsonl   # 2 cores of a big host
+
+A baseline: the gdn tool of another commit, e.g. the one before a change:
+  git worktree add ../gdn-before HEAD~1
+  cmake -S ../gdn-before -B build/before -G Ninja -DCMAKE_BUILD_TYPE=Release -DGDN_BUILD_TESTS=OFF
+  cmake --build build/before --target gdn_cli
+  python bench/contention.py --baseline build/before/gdn
 """
 
 from __future__ import annotations
@@ -575,7 +581,7 @@ def main(argv=None) -> int:
               + (" ".join(f"{x:.2f}" for x in host["loadavg"]) if host["loadavg"] else "unknown"))
         for b in binaries:
             about = "; ".join(line.strip() for line in b.version.splitlines()
-                              if line.startswith(("gdn ", "OpenMP")))
+                              if line.startswith(("gdn ", "OpenMP", "threads")))
             print(f"{b.label + ':':<9} {b.path} ({about})")
         tuning = [f"{k}={v}" for k, v in sorted(os.environ.items())
                   if k.startswith(("OMP_", "GOMP_", "KMP_"))]
