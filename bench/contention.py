@@ -57,6 +57,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -143,8 +144,10 @@ class Neighbour:
         self.cpus: float | None = None  # its average CPUs in use while it ran
 
     def start(self) -> None:
+        # stderr to a file: a pipe nobody reads while the load runs could fill and stall it.
+        self.errors = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True, bufsize=0)
+                                     stderr=self.errors, start_new_session=True, bufsize=0)
         self._started = time.monotonic()
         _LIVE.add(self)
 
@@ -165,10 +168,17 @@ class Neighbour:
                         break
                     out += chunk
         if out.split(b"\n")[0].strip() != b"ready":
-            self.proc.wait()
-            err = self.proc.stderr.read().decode(errors="replace").strip()
-            raise BenchError(f"neighbour {self.name} ({' '.join(self.argv)}) exited with "
-                             f"{self.proc.returncode} before it was ready: {err or out!r}")
+            try:
+                code = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            self.errors.seek(0)
+            err = self.errors.read().decode(errors="replace").strip()
+            self.stop()
+            said = out.decode(errors="replace").strip()
+            raise BenchError(f"neighbour {self.name} ({' '.join(self.argv)}) " + (
+                f"exited with {code} before it was ready: {err or said}" if code is not None
+                else f"printed '{said}' where 'ready' was expected"))
         self._cpu0, self._t0 = _cpu_seconds(self.proc.pid), time.monotonic()
 
     @property
@@ -202,7 +212,7 @@ class Neighbour:
         except (OSError, ValueError, IndexError):
             self.summary = ""
         proc.stdout.close()
-        proc.stderr.close()
+        self.errors.close()
 
 
 _LIVE: set[Neighbour] = set()

@@ -166,11 +166,13 @@ def test_older_gdn_runs_the_case_group(gdn, _neighbour):
     assert cases_of(new.command("core", ["forward", "backward"], 2, cfg)) == "all"
 
 
-def test_bad_paths_say_which_argument(gdn, _neighbour):
+def test_bad_arguments_and_failed_neighbours_are_said(gdn, _neighbour):
     for args, text in ((["--gdn", "/nonexistent/gdn"], "--gdn: no gdn executable at"),
                        (["--gdn", gdn, "--neighbour", "/nonexistent/nb", "--loads", "omp"],
                         "--loads omp needs gdn_omp_neighbour"),
-                       (["--gdn", gdn, "--loads", "busy"], "argument --loads: expected loads")):
+                       (["--gdn", gdn, "--loads", "busy"], "argument --loads: expected loads"),
+                       (["--gdn", gdn, "--neighbour", "/bin/false", "--loads", "omp"],
+                        "(/bin/false --threads 2) exited with 1 before it was ready")):
         r = subprocess.run([sys.executable, SCRIPT, *args], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, timeout=60)
         assert r.returncode == 2 and text in r.stderr, (args, r.returncode, r.stderr)
