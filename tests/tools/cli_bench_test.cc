@@ -144,6 +144,44 @@ TEST_F(Cli, BenchJsonLines) {
   EXPECT_EQ(expect_noise_in_json(run.output, "gdn bench"), 6);
 }
 
+// --cases names single cases (bench/contention.py times only the forward without residuals
+// and the backward from all of them); each picked case runs, checked, and no other; a name
+// that is no case is a usage error that names it.
+TEST_F(Cli, BenchCasesPicksSingleCasesByName) {
+  const Result run = gdn_cli(
+      "bench --tokens 130 --hk 2 --hv 4 --dk 32 --dv 16 --repeats 1 --json "
+      "--cases forward-none,backward-all");
+  ASSERT_EQ(run.code, 0) << run.output;
+  // "op residuals" of each JSON line, in order.
+  auto string_field = [](const std::string& line, const std::string& key) {
+    const std::size_t at = line.find("\"" + key + "\": \"") + key.size() + 5;
+    return line.substr(at, line.find('"', at) - at);
+  };
+  std::vector<std::string> rows;
+  for (std::size_t at = 0; (at = run.output.find("{\"op\": ", at)) != std::string::npos; ++at) {
+    const std::string line = run.output.substr(at, run.output.find('}', at) - at);
+    rows.push_back(string_field(line, "op") + " " + string_field(line, "residuals"));
+  }
+  EXPECT_EQ(rows, (std::vector<std::string>{"forward none", "backward-all all"})) << run.output;
+  EXPECT_EQ(expect_noise_in_json(run.output, "gdn bench"), 2);
+
+  const Result recurrent = gdn_cli(
+      "bench --tokens 70 --hk 1 --hv 1 --dk 16 --dv 16 --repeats 1 --json --cases recurrent");
+  ASSERT_EQ(recurrent.code, 0) << recurrent.output;
+  EXPECT_NE(recurrent.output.find("\"impl\": \"recurrent\""), std::string::npos);
+  EXPECT_EQ(recurrent.output.find("\"impl\": \"chunked\""), std::string::npos);
+
+  for (const char* cases : {"forward-chunked", "forward,", "backward-al"}) {
+    const Result bad = gdn_cli(std::string("bench --tokens 70 --cases ") + cases);
+    EXPECT_EQ(bad.code, 2) << cases << ": " << bad.output;
+    EXPECT_NE(bad.output.find("option '--cases': expected all, forward, backward or case names"),
+              std::string::npos)
+        << cases << ": " << bad.output;
+    EXPECT_NE(bad.output.find(std::string("given '") + cases + "'"), std::string::npos)
+        << bad.output;
+  }
+}
+
 // The table of `gdn bench` and its --help say what the noise verdict means.
 TEST_F(Cli, BenchTableMarksNoisyRowsAndHelpGivesTheThresholds) {
   const Result run =

@@ -22,7 +22,7 @@ struct CoreBenchConfig {
   CpuIsa isa = CpuIsa::generic;
   DType dtype = DType::f32;  // activations: f32, bf16 or f16 (gates, states: float32)
   MatmulPrecision matmul = MatmulPrecision::compute;  // of the chunked cases' products
-  std::string cases = "all";                          // all, forward or backward
+  std::string cases = "all";                          // all, forward, backward or case names
   bool json = false;                                  // one JSON line per case on stdout
   bool table = true;         // the table and the ratios on stdout (when not json)
   std::FILE* info = stdout;  // the peak and check lines

@@ -68,6 +68,7 @@ examples:
   gdn bench --threads 1 --breakdown
   gdn bench --seq 64k --repeats 3
   gdn bench --cases backward --json > backward.jsonl
+  gdn bench --cases forward-none,backward-all --threads 2
   gdn bench --hv 64 --seqs 4 --tokens 2048
   gdn bench --op layer --json
   gdn bench --op conv --threads 1
@@ -94,7 +95,10 @@ const std::vector<OptionSpec> kOptions = {
      "`gdn plan` says which and why)"},
     {"threads", "N", "worker threads, 0 = all cores (default 0)"},
     {"repeats", "R", "timed runs per case after one warm-up (default 5)"},
-    {"cases", "LIST", "all, forward or backward (default all)"},
+    {"cases", "LIST",
+     "all, forward, backward, or cases, comma separated: forward-none, forward-all (the chunked "
+     "forward without and with residuals), recurrent, backward-all, backward-t_inv, "
+     "backward-none (default all)"},
     {"isa", "ISA", "CPU variant: auto, generic, avx2, avx512 or avx512_bf16 (default auto)"},
     {"dtype", "T",
      "activations (q, k, v, o and their gradients): f32, bf16 or f16; gates, states and "
@@ -109,6 +113,45 @@ const std::vector<OptionSpec> kOptions = {
     {"json", nullptr, "print one JSON object per case and nothing else on stdout"},
     {"help", nullptr, "show this help"},
 };
+
+// The cases by name, in the order they run; --cases names them or a group (all, forward,
+// backward).
+const std::vector<std::string> kCaseNames = {"forward-none", "forward-all",    "recurrent",
+                                             "backward-all", "backward-t_inv", "backward-none"};
+
+bool case_in_group(const std::string& name, const std::string& group) {
+  if (group == "all" || group == name) return true;
+  const bool backward = name.rfind("backward-", 0) == 0;
+  return group == (backward ? "backward" : "forward");
+}
+
+// --cases, checked: each comma-separated item a group or a case name.
+std::string parse_cases(const std::string& text) {
+  for (std::size_t begin = 0; begin <= text.size();) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    const std::string item = text.substr(begin, end - begin);
+    const bool known = item == "all" || item == "forward" || item == "backward" ||
+                       std::find(kCaseNames.begin(), kCaseNames.end(), item) != kCaseNames.end();
+    if (!known) {
+      throw UsageError(
+          "option '--cases': expected all, forward, backward or case names comma separated "
+          "(forward-none, forward-all, recurrent, backward-all, backward-t_inv, "
+          "backward-none); given '" +
+          text + "' ('" + item + "' is none of them)");
+    }
+    begin = end + 1;
+  }
+  return text;
+}
+
+bool case_selected(const std::string& cases, const std::string& name) {
+  for (std::size_t begin = 0; begin <= cases.size();) {
+    const std::size_t end = std::min(cases.find(',', begin), cases.size());
+    if (case_in_group(name, cases.substr(begin, end - begin))) return true;
+    begin = end + 1;
+  }
+  return false;
+}
 
 // fp32 tolerance of the checks (docs/numerics.md).
 constexpr double kTolerance = 1e-4;
@@ -188,7 +231,7 @@ int bench_command(int argc, char** argv) {
   const int repeats = static_cast<int>(args.integer("repeats", 5, 1, 1000));
   int threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   const bool json = args.flag("json");
-  const std::string which = args.choice("cases", "all", {"all", "forward", "backward"});
+  const std::string which = parse_cases(args.text("cases", "all"));
   if (hv % hk != 0) {
     throw UsageError("option '--hv': expected a multiple of --hk = " + std::to_string(hk) +
                      ", given " + std::to_string(hv));
@@ -282,7 +325,11 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
                      dk = config.dk, dv = config.dv;
   const int chunk = config.chunk, repeats = config.repeats, threads = config.threads;
   const CpuIsa isa = config.isa;
-  const std::string& which = config.cases;
+  bool any_backward = false;
+  for (const std::string& name : kCaseNames) {
+    any_backward =
+        any_backward || (name.rfind("backward-", 0) == 0 && case_selected(config.cases, name));
+  }
   const bool json = config.json;
   std::FILE* info = config.info;
   const std::int64_t total = tokens * seqs;
@@ -306,7 +353,7 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
   }
   for (std::int64_t s = 0; s <= seqs; ++s) cu.data<std::int64_t>()[s] = s * tokens;
   Tensor d_o;
-  if (which != "forward") {
+  if (any_backward) {
     d_o = Tensor(DType::f32, {total, hv, dv});
     for (std::int64_t i = 0; i < d_o.numel(); ++i) {
       d_o.data<float>()[i] = static_cast<float>(rng.uniform(-1, 1));
@@ -345,7 +392,7 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
   const ForwardResult reference = ref::recurrent_fwd(slice, base);
   BackwardInputs slice_bwd;
   BackwardResult reference_grads;
-  if (which != "forward") {
+  if (any_backward) {
     slice_bwd = {slice.q, slice.k, slice.v, slice.g, slice.beta, {}, {}, slice_of(d_o, group, dv),
                  {},      {},      {}};
     reference_grads = ref::recurrent_bwd(slice_bwd, base);
@@ -360,7 +407,7 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
   const double forward_tolerance =
       kTolerance + 2 * rounding_error(reference.o, dtype) + operand_term(reference.o);
   double backward_tolerance = kTolerance;
-  if (which != "forward") {
+  if (any_backward) {
     for (const Tensor* r : {&reference_grads.dq, &reference_grads.dk, &reference_grads.dv}) {
       backward_tolerance = std::max(backward_tolerance,
                                     kTolerance + 2 * rounding_error(*r, dtype) + operand_term(*r));
@@ -485,14 +532,13 @@ int run_core_bench(const CoreBenchConfig& config, std::vector<CoreCaseResult>* r
     };
     cases.push_back(std::move(c));
   };
-  if (which != "backward") {
-    forward_case("chunked", Algorithm::chunked, Residuals::none);
-    forward_case("chunked", Algorithm::chunked, Residuals::all);
-    forward_case("recurrent", Algorithm::recurrent, Residuals::none);
-  }
-  if (which != "forward") {
-    for (Residuals kept : {Residuals::all, Residuals::t_inv, Residuals::none}) backward_case(kept);
-  }
+  const auto selected = [&](const char* name) { return case_selected(config.cases, name); };
+  if (selected("forward-none")) forward_case("chunked", Algorithm::chunked, Residuals::none);
+  if (selected("forward-all")) forward_case("chunked", Algorithm::chunked, Residuals::all);
+  if (selected("recurrent")) forward_case("recurrent", Algorithm::recurrent, Residuals::none);
+  if (selected("backward-all")) backward_case(Residuals::all);
+  if (selected("backward-t_inv")) backward_case(Residuals::t_inv);
+  if (selected("backward-none")) backward_case(Residuals::none);
 
   double peak = config.peak_gflops;
   if (!(peak > 0)) {
