@@ -6,6 +6,7 @@
 
 #include "bindings/buffers.h"
 #include "bindings/handlers.h"
+#include "bindings/xla_threads.h"
 #include "gdn/conv.h"
 
 namespace gdn::bindings {
@@ -32,32 +33,34 @@ ConvInputs conv_inputs(const ffi::AnyBuffer& x, const ffi::AnyBuffer& weight,
   return in;
 }
 
-ffi::Error conv_forward(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::AnyBuffer bias,
-                        ffi::AnyBuffer initial_state, ffi::AnyBuffer cu_seqlens,
-                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> final_state,
-                        bool silu, std::int64_t threads, bool has_bias, bool has_initial_state,
-                        bool has_cu_seqlens, bool want_final_state) {
+ffi::Error conv_forward(ffi::ThreadPool xla_pool, ffi::AnyBuffer x, ffi::AnyBuffer weight,
+                        ffi::AnyBuffer bias, ffi::AnyBuffer initial_state,
+                        ffi::AnyBuffer cu_seqlens, ffi::Result<ffi::AnyBuffer> out,
+                        ffi::Result<ffi::AnyBuffer> final_state, bool silu, std::int64_t threads,
+                        bool has_bias, bool has_initial_state, bool has_cu_seqlens,
+                        bool want_final_state) {
   return guarded([&] {
+    const XlaThreads xla(xla_pool, threads);
     std::optional<IndexArray> cu;
     const ConvInputs in = conv_inputs(x, weight, bias, initial_state, cu_seqlens, has_bias,
                                       has_initial_state, has_cu_seqlens, cu);
     ConvOutputs o;
     o.out = mutable_view(out, "out");
     o.final_state = optional_mutable_view(final_state, want_final_state, "final_state");
-    causal_conv1d_fwd(in, o, conv_options(silu, threads));
+    causal_conv1d_fwd(in, o, conv_options(silu, xla.threads()));
   });
 }
 
-ffi::Error conv_backward(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::AnyBuffer bias,
-                         ffi::AnyBuffer initial_state, ffi::AnyBuffer cu_seqlens,
-                         ffi::AnyBuffer d_out, ffi::AnyBuffer d_final_state,
-                         ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_weight,
-                         ffi::Result<ffi::AnyBuffer> d_bias,
+ffi::Error conv_backward(ffi::ThreadPool xla_pool, ffi::AnyBuffer x, ffi::AnyBuffer weight,
+                         ffi::AnyBuffer bias, ffi::AnyBuffer initial_state,
+                         ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer d_out,
+                         ffi::AnyBuffer d_final_state, ffi::Result<ffi::AnyBuffer> d_x,
+                         ffi::Result<ffi::AnyBuffer> d_weight, ffi::Result<ffi::AnyBuffer> d_bias,
                          ffi::Result<ffi::AnyBuffer> d_initial_state, bool silu,
                          std::int64_t threads, bool has_bias, bool has_initial_state,
-                         bool has_cu_seqlens, bool has_d_final_state,
-                         bool want_d_initial_state) {
+                         bool has_cu_seqlens, bool has_d_final_state, bool want_d_initial_state) {
   return guarded([&] {
+    const XlaThreads xla(xla_pool, threads);
     std::optional<IndexArray> cu;
     ConvBackwardInputs in;
     in.forward = conv_inputs(x, weight, bias, initial_state, cu_seqlens, has_bias,
@@ -70,7 +73,7 @@ ffi::Error conv_backward(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::AnyBuffer
     o.d_bias = optional_mutable_view(d_bias, has_bias, "d_bias");
     o.d_initial_state =
         optional_mutable_view(d_initial_state, want_d_initial_state, "d_initial_state");
-    causal_conv1d_bwd(in, o, conv_options(silu, threads));
+    causal_conv1d_bwd(in, o, conv_options(silu, xla.threads()));
   });
 }
 
@@ -78,6 +81,7 @@ ffi::Error conv_backward(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::AnyBuffer
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GdnConvForward, conv_forward,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()  // x
                                   .Arg<ffi::AnyBuffer>()  // weight
                                   .Arg<ffi::AnyBuffer>()  // bias
@@ -94,6 +98,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GdnConvForward, conv_forward,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GdnConvBackward, conv_backward,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()  // x
                                   .Arg<ffi::AnyBuffer>()  // weight
                                   .Arg<ffi::AnyBuffer>()  // bias

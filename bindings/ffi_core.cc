@@ -9,6 +9,7 @@
 
 #include "bindings/buffers.h"
 #include "bindings/handlers.h"
+#include "bindings/xla_threads.h"
 #include "gdn/backward.h"
 #include "gdn/forward.h"
 
@@ -26,20 +27,23 @@ ForwardOptions core_options(double scale, bool l2norm, std::int64_t chunk_size, 
   return o;
 }
 
-ffi::Error forward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g,
-                   ffi::AnyBuffer beta, ffi::AnyBuffer h0, ffi::AnyBuffer cu_seqlens,
-                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> final_state,
+ffi::Error forward(ffi::ThreadPool xla_pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                   ffi::AnyBuffer g, ffi::AnyBuffer beta, ffi::AnyBuffer h0,
+                   ffi::AnyBuffer cu_seqlens, ffi::Result<ffi::AnyBuffer> o,
+                   ffi::Result<ffi::AnyBuffer> final_state,
                    ffi::Result<ffi::AnyBuffer> chunk_states, ffi::Result<ffi::AnyBuffer> t_inv,
                    double scale, bool l2norm, std::int64_t chunk_size, bool bf16_matmul,
                    std::int64_t threads, bool has_h0, bool has_cu_seqlens, bool want_o,
                    bool want_final_state, bool want_chunk_states, bool want_t_inv) {
   return guarded([&] {
+    const XlaThreads xla(xla_pool, threads);
     ForwardInputs in{view(q, "q"), view(k, "k"),       view(v, "v"),
                      view(g, "g"), view(beta, "beta"), optional_view(h0, has_h0, "initial_state"),
                      TensorView()};
     std::optional<IndexArray> cu;
     if (has_cu_seqlens) in.cu_seqlens = cu.emplace(cu_seqlens, "cu_seqlens").view();
-    const ForwardOptions options = core_options(scale, l2norm, chunk_size, bf16_matmul, threads);
+    const ForwardOptions options =
+        core_options(scale, l2norm, chunk_size, bf16_matmul, xla.threads());
     const ForwardShape shape = forward_shape(in, options);
     ForwardOutputs out;
     out.o = optional_mutable_view(o, want_o, "o");
@@ -55,17 +59,18 @@ ffi::Error forward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::An
   });
 }
 
-ffi::Error backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g,
-                    ffi::AnyBuffer beta, ffi::AnyBuffer h0, ffi::AnyBuffer cu_seqlens,
-                    ffi::AnyBuffer d_o, ffi::AnyBuffer d_final_state, ffi::AnyBuffer chunk_states,
-                    ffi::AnyBuffer t_inv, ffi::Result<ffi::AnyBuffer> dq,
-                    ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
-                    ffi::Result<ffi::AnyBuffer> dg, ffi::Result<ffi::AnyBuffer> dbeta,
-                    ffi::Result<ffi::AnyBuffer> dh0, double scale, bool l2norm,
-                    std::int64_t chunk_size, bool bf16_matmul, std::int64_t threads, bool has_h0,
-                    bool has_cu_seqlens, bool has_d_final_state, bool has_chunk_states,
-                    bool has_t_inv, bool want_d_initial_state) {
+ffi::Error backward(ffi::ThreadPool xla_pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                    ffi::AnyBuffer g, ffi::AnyBuffer beta, ffi::AnyBuffer h0,
+                    ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer d_o, ffi::AnyBuffer d_final_state,
+                    ffi::AnyBuffer chunk_states, ffi::AnyBuffer t_inv,
+                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dg,
+                    ffi::Result<ffi::AnyBuffer> dbeta, ffi::Result<ffi::AnyBuffer> dh0,
+                    double scale, bool l2norm, std::int64_t chunk_size, bool bf16_matmul,
+                    std::int64_t threads, bool has_h0, bool has_cu_seqlens, bool has_d_final_state,
+                    bool has_chunk_states, bool has_t_inv, bool want_d_initial_state) {
   return guarded([&] {
+    const XlaThreads xla(xla_pool, threads);
     BackwardInputs in;
     in.q = view(q, "q");
     in.k = view(k, "k");
@@ -77,7 +82,8 @@ ffi::Error backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
     if (has_cu_seqlens) in.cu_seqlens = cu.emplace(cu_seqlens, "cu_seqlens").view();
     in.d_o = view(d_o, "d_o");
     in.d_final_state = optional_view(d_final_state, has_d_final_state, "d_final_state");
-    const ForwardOptions options = core_options(scale, l2norm, chunk_size, bf16_matmul, threads);
+    const ForwardOptions options =
+        core_options(scale, l2norm, chunk_size, bf16_matmul, xla.threads());
     const ForwardShape shape = forward_shape(in.forward(), options);
     if (has_chunk_states) {
       in.chunk_states = leading_rows(view(chunk_states, "chunk_states"), shape.total_chunks);
@@ -98,6 +104,7 @@ ffi::Error backward(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GdnForward, forward,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()  // q
                                   .Arg<ffi::AnyBuffer>()  // k
                                   .Arg<ffi::AnyBuffer>()  // v
@@ -123,6 +130,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GdnForward, forward,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GdnBackward, backward,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()  // q
                                   .Arg<ffi::AnyBuffer>()  // k
                                   .Arg<ffi::AnyBuffer>()  // v

@@ -5,6 +5,7 @@
 
 #include "bindings/buffers.h"
 #include "bindings/handlers.h"
+#include "bindings/xla_threads.h"
 #include "gdn/layer.h"
 #include "gdn/step.h"
 
@@ -47,22 +48,24 @@ LayerInputs layer_inputs(const ffi::AnyBuffer& qkv, const ffi::AnyBuffer& a,
 }
 
 ffi::Error layer_forward(
-    ffi::AnyBuffer qkv, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer conv_weight,
-    ffi::AnyBuffer conv_bias, ffi::AnyBuffer A_log, ffi::AnyBuffer dt_bias,
-    ffi::AnyBuffer conv_state, ffi::AnyBuffer recurrent_state, ffi::AnyBuffer cu_seqlens,
-    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> conv_state_out,
-    ffi::Result<ffi::AnyBuffer> recurrent_state_out, ffi::Result<ffi::AnyBuffer> chunk_states,
-    ffi::Result<ffi::AnyBuffer> t_inv, std::int64_t hk, std::int64_t hv, std::int64_t dk,
-    std::int64_t dv, std::int64_t chunk_size, bool bf16_matmul, std::int64_t threads,
-    bool has_conv_bias, bool has_conv_state, bool has_recurrent_state, bool has_cu_seqlens,
-    bool want_out, bool want_conv_state_out, bool want_recurrent_state_out, bool want_chunk_states,
-    bool want_t_inv) {
+    ffi::ThreadPool xla_pool, ffi::AnyBuffer qkv, ffi::AnyBuffer a, ffi::AnyBuffer b,
+    ffi::AnyBuffer conv_weight, ffi::AnyBuffer conv_bias, ffi::AnyBuffer A_log,
+    ffi::AnyBuffer dt_bias, ffi::AnyBuffer conv_state, ffi::AnyBuffer recurrent_state,
+    ffi::AnyBuffer cu_seqlens, ffi::Result<ffi::AnyBuffer> out,
+    ffi::Result<ffi::AnyBuffer> conv_state_out, ffi::Result<ffi::AnyBuffer> recurrent_state_out,
+    ffi::Result<ffi::AnyBuffer> chunk_states, ffi::Result<ffi::AnyBuffer> t_inv, std::int64_t hk,
+    std::int64_t hv, std::int64_t dk, std::int64_t dv, std::int64_t chunk_size, bool bf16_matmul,
+    std::int64_t threads, bool has_conv_bias, bool has_conv_state, bool has_recurrent_state,
+    bool has_cu_seqlens, bool want_out, bool want_conv_state_out, bool want_recurrent_state_out,
+    bool want_chunk_states, bool want_t_inv) {
   return guarded([&] {
+    const XlaThreads xla(xla_pool, threads);
     std::optional<IndexArray> cu;
     const LayerInputs in = layer_inputs(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias,
                                         conv_state, recurrent_state, cu_seqlens, has_conv_bias,
                                         has_conv_state, has_recurrent_state, has_cu_seqlens, cu);
-    const LayerOptions options = layer_options(hk, hv, dk, dv, chunk_size, bf16_matmul, threads);
+    const LayerOptions options =
+        layer_options(hk, hv, dk, dv, chunk_size, bf16_matmul, xla.threads());
     const ForwardShape shape = fused_gdn_shape(in, options);
     LayerOutputs o;
     o.out = optional_mutable_view(out, want_out, "out");
@@ -81,26 +84,29 @@ ffi::Error layer_forward(
 }
 
 ffi::Error layer_backward(
-    ffi::AnyBuffer qkv, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer conv_weight,
-    ffi::AnyBuffer conv_bias, ffi::AnyBuffer A_log, ffi::AnyBuffer dt_bias,
-    ffi::AnyBuffer conv_state, ffi::AnyBuffer recurrent_state, ffi::AnyBuffer cu_seqlens,
-    ffi::AnyBuffer d_out, ffi::AnyBuffer d_conv_state_out, ffi::AnyBuffer d_recurrent_state_out,
-    ffi::AnyBuffer chunk_states, ffi::AnyBuffer t_inv, ffi::Result<ffi::AnyBuffer> d_qkv,
-    ffi::Result<ffi::AnyBuffer> d_a, ffi::Result<ffi::AnyBuffer> d_b,
-    ffi::Result<ffi::AnyBuffer> d_conv_weight, ffi::Result<ffi::AnyBuffer> d_conv_bias,
-    ffi::Result<ffi::AnyBuffer> d_A_log, ffi::Result<ffi::AnyBuffer> d_dt_bias,
-    ffi::Result<ffi::AnyBuffer> d_conv_state, ffi::Result<ffi::AnyBuffer> d_recurrent_state,
-    std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv, std::int64_t chunk_size,
-    bool bf16_matmul, std::int64_t threads, bool has_conv_bias, bool has_conv_state,
-    bool has_recurrent_state, bool has_cu_seqlens, bool has_d_conv_state_out,
-    bool has_d_recurrent_state_out, bool has_chunk_states, bool has_t_inv) {
+    ffi::ThreadPool xla_pool, ffi::AnyBuffer qkv, ffi::AnyBuffer a, ffi::AnyBuffer b,
+    ffi::AnyBuffer conv_weight, ffi::AnyBuffer conv_bias, ffi::AnyBuffer A_log,
+    ffi::AnyBuffer dt_bias, ffi::AnyBuffer conv_state, ffi::AnyBuffer recurrent_state,
+    ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer d_out, ffi::AnyBuffer d_conv_state_out,
+    ffi::AnyBuffer d_recurrent_state_out, ffi::AnyBuffer chunk_states, ffi::AnyBuffer t_inv,
+    ffi::Result<ffi::AnyBuffer> d_qkv, ffi::Result<ffi::AnyBuffer> d_a,
+    ffi::Result<ffi::AnyBuffer> d_b, ffi::Result<ffi::AnyBuffer> d_conv_weight,
+    ffi::Result<ffi::AnyBuffer> d_conv_bias, ffi::Result<ffi::AnyBuffer> d_A_log,
+    ffi::Result<ffi::AnyBuffer> d_dt_bias, ffi::Result<ffi::AnyBuffer> d_conv_state,
+    ffi::Result<ffi::AnyBuffer> d_recurrent_state, std::int64_t hk, std::int64_t hv,
+    std::int64_t dk, std::int64_t dv, std::int64_t chunk_size, bool bf16_matmul,
+    std::int64_t threads, bool has_conv_bias, bool has_conv_state, bool has_recurrent_state,
+    bool has_cu_seqlens, bool has_d_conv_state_out, bool has_d_recurrent_state_out,
+    bool has_chunk_states, bool has_t_inv) {
   return guarded([&] {
+    const XlaThreads xla(xla_pool, threads);
     std::optional<IndexArray> cu;
     LayerBackwardInputs in;
     in.forward = layer_inputs(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state,
                               recurrent_state, cu_seqlens, has_conv_bias, has_conv_state,
                               has_recurrent_state, has_cu_seqlens, cu);
-    const LayerOptions options = layer_options(hk, hv, dk, dv, chunk_size, bf16_matmul, threads);
+    const LayerOptions options =
+        layer_options(hk, hv, dk, dv, chunk_size, bf16_matmul, xla.threads());
     const ForwardShape shape = fused_gdn_shape(in.forward, options);
     in.d_out = view(d_out, "d_out");
     in.d_conv_state_out = optional_view(d_conv_state_out, has_d_conv_state_out, "d_conv_state_out");
@@ -126,7 +132,7 @@ ffi::Error layer_backward(
 
 // The pools arrive as inputs aliased to the first two results (input_output_aliases): the
 // handler updates them through the results, in place when the caller donated them.
-ffi::Error step(ffi::AnyBuffer qkv, ffi::AnyBuffer b, ffi::AnyBuffer a,
+ffi::Error step(ffi::ThreadPool xla_pool, ffi::AnyBuffer qkv, ffi::AnyBuffer b, ffi::AnyBuffer a,
                 ffi::AnyBuffer /*conv_pool*/, ffi::AnyBuffer /*recurrent_pool*/,
                 ffi::AnyBuffer conv_weight, ffi::AnyBuffer conv_bias, ffi::AnyBuffer A_log,
                 ffi::AnyBuffer dt_bias, ffi::AnyBuffer query_start_loc,
@@ -138,6 +144,7 @@ ffi::Error step(ffi::AnyBuffer qkv, ffi::AnyBuffer b, ffi::AnyBuffer a,
                 std::int64_t num_spec, std::int64_t threads, bool has_conv_bias,
                 bool has_read_state_indices, bool has_read_offsets) {
   return guarded([&] {
+    const XlaThreads xla(xla_pool, threads);
     StepInputs in;
     in.qkv = view(qkv, "qkv");
     in.a = view(a, "a");
@@ -160,7 +167,7 @@ ffi::Error step(ffi::AnyBuffer qkv, ffi::AnyBuffer b, ffi::AnyBuffer a,
     }
     if (has_read_offsets) in.read_offsets = offsets.emplace(read_offsets, "read_offsets").view();
     StepOptions options;
-    static_cast<LayerOptions&>(options) = layer_options(hk, hv, dk, dv, 0, false, threads);
+    static_cast<LayerOptions&>(options) = layer_options(hk, hv, dk, dv, 0, false, xla.threads());
     options.num_spec = num_spec;
     const StatePools pools{in_place_view(conv_pool_out, "conv_state"),
                            in_place_view(recurrent_pool_out, "recurrent_state")};
@@ -172,6 +179,7 @@ ffi::Error step(ffi::AnyBuffer qkv, ffi::AnyBuffer b, ffi::AnyBuffer a,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GdnLayerForward, layer_forward,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()  // qkv
                                   .Arg<ffi::AnyBuffer>()  // a
                                   .Arg<ffi::AnyBuffer>()  // b
@@ -206,6 +214,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GdnLayerForward, layer_forward,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GdnLayerBackward, layer_backward,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()  // qkv
                                   .Arg<ffi::AnyBuffer>()  // a
                                   .Arg<ffi::AnyBuffer>()  // b
@@ -248,6 +257,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GdnLayerBackward, layer_backward,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GdnStep, step,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()  // qkv
                                   .Arg<ffi::AnyBuffer>()  // b
                                   .Arg<ffi::AnyBuffer>()  // a

@@ -76,7 +76,8 @@ def causal_conv1d(x, weight, *, bias=None, initial_state=None, cu_seqlens=None, 
     """(out [T, D] in x's dtype, final_state [N, K - 1, D] in the compute dtype) of the causal
     depthwise conv1d over packed sequences x [T, D] (gdn/conv.h): weight [D, K] or [D, 1, K],
     bias [D], initial_state [N, K - 1, D] (each sequence's K - 1 inputs before it; None:
-    zeros), cu_seqlens [N + 1] (None: one sequence); SiLU after the sum when ``silu``."""
+    zeros), cu_seqlens [N + 1] (None: one sequence); SiLU after the sum when ``silu``;
+    ``threads`` as in ``chunk_gated_delta_rule`` (XLA's intra-op pool, 0 = its size)."""
     cdt = _ffi.compute_dtype(x.dtype)
     weight, bias, initial_state = (_ffi.as_compute(t, cdt) for t in (weight, bias, initial_state))
     cu = _ffi.index_array(cu_seqlens, "cu_seqlens")

@@ -168,7 +168,10 @@ def chunk_gated_delta_rule(
         residual names").
       matmul_precision: "compute" or "bf16" (the chunked products' operands rounded to bf16,
         float32 sums; docs/numerics.md).
-      threads: CPU threads of the call, 0 = all (OMP_NUM_THREADS). Results do not depend on it.
+      threads: CPU threads of the call, taken from XLA's intra-op pool (gdn starts none of its
+        own under JAX): 0 = the pool's size (one thread per CPU the process may run on), 1 =
+        the calling thread alone, a count above the pool's size is lowered to it. Results do
+        not depend on it (docs/jax.md, "Threads").
       cp_axis: context parallelism (MaxText's name): inside ``jax.shard_map``, the mesh axis
         the sequence is sharded along, each device holding a contiguous segment of [B, T, ...]
         in axis order; None = no context parallelism. Outputs and gradients equal the

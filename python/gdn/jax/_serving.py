@@ -277,7 +277,8 @@ def fused_conv1d_gdn(
       compute_precision: float32 only.
       decode_tile_size, mixed_tile_size: Tokamax's TPU tiling; accepted and ignored (the CPU
         plan chooses its own split).
-      threads: CPU threads, 0 = all.
+      threads: CPU threads from XLA's intra-op pool, as in ``chunk_gated_delta_rule``: 0 =
+        the pool's size, 1 = the calling thread alone.
 
     Returns:
       ((new_conv_state, new_recurrent_state), out [T, n_v d_v] in qkv's dtype).
