@@ -45,11 +45,14 @@ void relax() {
 // How long a pool thread keeps looking for a new task after its last one before it sleeps,
 // and how long a caller spins for a helper's last item before it sleeps: long enough that the
 // back-to-back calls of a model's layers find their helpers awake, short enough that an idle
-// pool gives its cores back to the host within a fraction of a millisecond. GDN_SPIN_US
+// pool gives its cores back to the host within a fraction of a millisecond. On the 2-vCPU
+// development host, decode-1 on 2 threads took 0.20-0.23 ms with 50 us, 0.18-0.19 with 200
+// and 0.18 with 500, against 0.19-0.23 ms on OpenMP (whose threads spin longer); a caller
+// that spun 20 us instead of 200 was slower under load (docs/perf.md, "Under load"). GDN_SPIN_US
 // overrides it (0: sleep at once); a value that is not a whole number of microseconds from 0
-// to 1000000 makes every call that would start helpers throw (spin_time_error).
+// to 1000000 makes every call that would start helpers throw.
 struct SpinSetting {
-  std::chrono::microseconds time{50};
+  std::chrono::microseconds time{200};
   std::string error;  // empty when GDN_SPIN_US is unset or valid
 };
 
@@ -73,10 +76,12 @@ const SpinSetting& spin_setting() {
 
 std::chrono::microseconds spin_time() { return spin_setting().time; }
 
-// Spins until done() or the spin time has passed; true when done() held.
+// Spins until done() or `time` has passed; true when done() held. (Stopping early when a gap
+// between two looks at the clock shows the spinner lost its core was tried: decode-1 under
+// load got no faster, docs/perf.md "Under load".)
 template <class Done>
-bool spin_until(Done done) {
-  const auto deadline = std::chrono::steady_clock::now() + spin_time();
+bool spin_until(std::chrono::microseconds time, Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + time;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
       if (done()) return true;
@@ -145,7 +150,7 @@ class Pool final : public Executor {
 #endif
     for (;;) {
       std::function<void()> task;
-      if (!spin_until([&] { return try_take(task); })) {
+      if (!spin_until(spin_time(), [&] { return try_take(task); })) {
         std::unique_lock<std::mutex> lock(mutex_);
         sleeping_.fetch_add(1, std::memory_order_relaxed);
         wake_.wait(lock, [&] { return !tasks_.empty(); });
@@ -231,7 +236,9 @@ struct Job {
   }
 
   void wait_for_helpers() {
-    if (spin_until([&] { return state.load(std::memory_order_acquire) < kInFlight; })) return;
+    if (spin_until(spin_time(), [&] { return state.load(std::memory_order_acquire) < kInFlight; })) {
+      return;
+    }
     for (std::uint64_t s = state.load(std::memory_order_acquire); s >= kInFlight;
          s = state.load(std::memory_order_acquire)) {
       state.wait(s, std::memory_order_acquire);
