@@ -11,3 +11,4 @@
 #include "gdn/runtime.h"    // IWYU pragma: export
 #include "gdn/step.h"       // IWYU pragma: export
 #include "gdn/tensor.h"     // IWYU pragma: export
+#include "gdn/threads.h"    // IWYU pragma: export

@@ -76,17 +76,20 @@ const SpinSetting& spin_setting() {
 
 std::chrono::microseconds spin_time() { return spin_setting().time; }
 
-// Spins until done() or `time` has passed; true when done() held. (Stopping early when a gap
-// between two looks at the clock shows the spinner lost its core was tried: decode-1 under
-// load got no faster, docs/perf.md "Under load".)
+// Spins until done() or `time` has passed, yielding the core every 16 looks; true when done()
+// held. (Stopping early when a gap between two looks at the clock showed that the spinner had
+// lost its core was tried: decode-1 under load got no faster, docs/perf.md "Under load".)
 template <class Done>
 bool spin_until(std::chrono::microseconds time, Done done) {
   const auto deadline = std::chrono::steady_clock::now() + time;
   for (;;) {
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < 16; ++i) {
       if (done()) return true;
       relax();
     }
+    // On an idle core the yield returns at once; on a shared one it hands the core to a thread
+    // that has work (with Linux's autogroups, often the caller this spinner would help).
+    std::this_thread::yield();
     if (std::chrono::steady_clock::now() >= deadline) return done();
   }
 }
@@ -292,19 +295,26 @@ namespace detail {
 
 bool in_forked_child() { return forked_child.load(std::memory_order_relaxed); }
 
+int usable_threads(int threads) {
+#ifdef GDN_SINGLE_THREADED
+  return 1;
+#else
+  if (threads <= 1 || in_forked_child()) return 1;
+  const Executor& executor = current_executor != nullptr ? *current_executor : pool();
+  const int helpers = executor.helpers() > 0 ? executor.helpers() : 0;
+  return threads - 1 > helpers ? helpers + 1 : threads;
+#endif
+}
+
 void run_items(int threads, std::int64_t items, ItemBody body, void* context) {
   if (items <= 0) return;
   auto job = std::make_shared<Job>();
   job->items = items;
   job->body = body;
   job->context = context;
-  std::int64_t helpers = threads < items ? threads - 1 : items - 1;
-#ifdef GDN_SINGLE_THREADED
-  helpers = 0;
-#endif
-  if (in_forked_child()) helpers = 0;
+  threads = usable_threads(threads);
+  const std::int64_t helpers = threads < items ? threads - 1 : items - 1;
   Executor& executor = current_executor != nullptr ? *current_executor : pool();
-  if (helpers > executor.helpers()) helpers = executor.helpers();
   if (helpers > 0 && !spin_setting().error.empty()) throw RuntimeError(spin_setting().error);
   if (helpers > 0) {
     job->max_helpers = static_cast<int>(helpers);

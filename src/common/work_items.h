@@ -30,4 +30,9 @@ void run_items(int threads, std::int64_t items, Fn& fn) {
 // True in a process forked after gdn started its pool, until it execs.
 bool in_forked_child();
 
+// How many threads a call asking for `threads` can run on here: at most the current
+// executor's helpers() + 1, 1 in a forked child or a build with GDN_THREADS=OFF (a caller
+// sizes per-thread workspaces by it).
+int usable_threads(int threads);
+
 }  // namespace gdn::detail

@@ -26,9 +26,8 @@ void for_each_item(int threads, std::int64_t items, std::size_t bytes, Fn&& fn) 
   struct Free {
     void operator()(std::byte* p) const { std::free(p); }
   };
+  threads = detail::usable_threads(threads);
   if (threads > items) threads = static_cast<int>(items > 0 ? items : 1);
-  if (threads < 1) threads = 1;
-  if (threads > 1 && detail::in_forked_child()) threads = 1;
   bytes = (bytes + 63) / 64 * 64;
   std::vector<std::unique_ptr<std::byte[], Free>> workspaces;
   for (int t = 0; t < threads; ++t) {
