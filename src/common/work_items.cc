@@ -63,8 +63,10 @@ const SpinSetting& spin_setting() {
       char* end = nullptr;
       const long parsed = std::strtol(text, &end, 10);
       if (*text == '\0' || end == text || *end != '\0' || parsed < 0 || parsed > 1000000) {
-        setting.error = std::string("GDN_SPIN_US: expected a whole number of microseconds from 0 "
-                                    "to 1000000, given '") + text + "'";
+        setting.error = std::string(
+                            "GDN_SPIN_US: expected a whole number of microseconds from 0 "
+                            "to 1000000, given '") +
+                        text + "'";
       } else {
         setting.time = std::chrono::microseconds(parsed);
       }
@@ -239,7 +241,8 @@ struct Job {
   }
 
   void wait_for_helpers() {
-    if (spin_until(spin_time(), [&] { return state.load(std::memory_order_acquire) < kInFlight; })) {
+    if (spin_until(spin_time(),
+                   [&] { return state.load(std::memory_order_acquire) < kInFlight; })) {
       return;
     }
     for (std::uint64_t s = state.load(std::memory_order_acquire); s >= kInFlight;

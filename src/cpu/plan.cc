@@ -409,8 +409,7 @@ Plan make_plan(const PlanProblem& p, const ForwardOptions& o, const PlanForce& f
   plan.isa_reason = isa_reason(o.isa, plan.isa);
   const int threads = o.threads > 0 ? o.threads : default_threads();
   const char* omp = std::getenv("OMP_NUM_THREADS");
-  std::string requested =
-      "the default (the " + str(threads) + " CPUs this process may run on)";
+  std::string requested = "the default (the " + str(threads) + " CPUs this process may run on)";
   if (o.threads > 0) {
     requested = "options.threads = " + str(o.threads);
   } else if (!built_with_threads()) {

@@ -1,5 +1,7 @@
 // The item loop's promise (gdn/threads.h): a call never waits for a helper that has not
 // started, runs every item exactly once, and gives the same bits whichever threads ran them.
+#include "gdn/threads.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -15,9 +17,8 @@
 #include "common/compare.h"
 #include "common/isas.h"
 #include "common/problem.h"
-#include "src/common/work_items.h"
 #include "gdn/gdn.h"
-#include "gdn/threads.h"
+#include "src/common/work_items.h"
 
 namespace gdn {
 namespace {
