@@ -45,11 +45,44 @@
 // slot state_indices[s]. With num_spec = 0 and neither read_state_indices nor read_offsets,
 // every sequence reads and writes its own slot in place.
 //
+// vLLM's speculative layout (StepInputs::spec_state_indices present; docs/math.md section 7).
+// The decode windows (s < decode_end, 1 to 1 + n tokens, n = num_spec) keep their states as
+// vLLM's spec-aware GDN path does: the conv state in one rolling buffer per sequence, the
+// recurrent state after each window position in a slot of the sequence's block-table row.
+//   spec_state_indices   int64 [N, 1 + n]  window s's block-table row (any strides); rows of
+//                                          prefills and padding are not read
+//   num_accepted_tokens  int64 [N]         a = num_accepted_tokens[s] in [1, 1 + n]: the
+//                                          tokens of s's previous window that were accepted
+//                                          (1 after a prefill or a plain decode)
+//   conv_state           [num_slots, K - 1 + n, D]: the rolling buffer, columns oldest first
+// For window s with q tokens, c = spec_state_indices[s, 0]:
+//   read:   recurrent state  slot spec_state_indices[s, a - 1]
+//           conv state       columns [a - 1, a - 1 + K - 1) of slot c
+//   write:  recurrent state after token t  slot spec_state_indices[s, t],  t = 0 .. q - 1
+//           conv state after token t       columns [t, t + K - 1) of slot c (so columns
+//                                          [0, K - 2 + q) are rewritten: the K - 2 inputs
+//                                          before the window's first token, then its q
+//                                          tokens; the columns from K - 2 + q on are kept)
+// so that the next step, told a' accepted tokens, starts from the states after token a' - 1.
+// A window without history (seq_lens[s] = q) starts from zeros and reads no slot. Every other
+// live sequence (prefills, chunked continuations, one-token decodes that are not windows)
+// reads and writes its own slot state_indices[s] as above, the conv state being columns
+// [0, K - 1) of it (the rest of the buffer is kept): vLLM's rule for a prefill, or a decode
+// without drafts, while speculation is configured. state_indices[s] of a window, and
+// read_state_indices and read_offsets (which must be absent), are not used. vLLM's CPU path
+// differs in one case: for a window of q < 1 + n tokens it keeps K - 1 + n - q old columns (not
+// K - 2) before the new inputs, so that its next step reads a history that does not end at
+// the accepted token (and it fails when a > q); gdn follows vLLM's GPU kernel
+// (causal_conv1d_update), whose buffer above is the same for q = 1 + n.
+//
 // Validation happens before any write: a slot outside [1, num_slots), a read slot that another
 // live sequence writes, two live sequences writing the same slot, a live query_start_loc entry
 // that decreases or runs past T, a decode with no token or more than 1 + num_spec, a live
 // prefill with no token, seq_lens[s] below the query length, a negative or misordered
-// distribution, a pool dtype outside the rule below, or a shape or dtype mismatch throws
+// distribution, a pool dtype outside the rule below, or a shape or dtype mismatch (in the
+// speculative layout also a num_accepted_tokens entry of a live window outside [1, 1 + n], a
+// window slot spec_state_indices[s, t] (t < q, and a - 1 when it has history) outside
+// [1, num_slots), or read_state_indices or read_offsets given) throws
 // gdn::InvalidArgument naming the argument, and leaves both pools bit-identical to before the
 // call. A sequence's result depends only on its own tokens, its read slot's states, whether it
 // is a decode window and the options, bit for bit: not on its place in the batch, the other
@@ -79,10 +112,15 @@ struct StepInputs {
   TensorView conv_weight, conv_bias, A_log, dt_bias;
   TensorView query_start_loc, state_indices, seq_lens, distribution, read_offsets;
   TensorView read_state_indices;  // optional, int64 [N]
+  // vLLM's speculative layout (above): both present or both absent (initialised, so that
+  // brace lists that end before them stay valid).
+  TensorView spec_state_indices = {};   // int64 [N, 1 + num_spec]
+  TensorView num_accepted_tokens = {};  // int64 [N]
 };
 
 // The state pools, updated in place, contiguous:
 //   conv_state       [num_slots, K - 1, D]: each slot's last K - 1 raw inputs, oldest first
+//                    ([num_slots, K - 1 + num_spec, D] in the speculative layout)
 //   recurrent_state  [num_slots, Hv, Dk, Dv]
 // Dtypes: f64 inputs take f64 pools only. Otherwise (f32, bf16 or f16 qkv) each pool is f32
 // (the default) or bf16 (Tokamax's default), independently of the other and of qkv. The

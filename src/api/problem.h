@@ -107,7 +107,7 @@ struct ConvProblem {
 
 // The decodes of a serving step (gdn/step.h), after the conv: per sequence a window of one
 // or more tokens whose recurrent state starts from a pool slot (or zeros) and is written, after
-// each token t, into slot write_slot[s] + t. Tokens are rows [token_start[s],
+// each token t, into slot write_slot[s] + t (or token_slot's). Tokens are rows [token_start[s],
 // token_start[s + 1]) of xh, g, beta and out. Work items are (sequence, value head, block of
 // value columns); value columns are independent in the delta rule, so the split changes no
 // result.
@@ -121,6 +121,9 @@ struct DecodeProblem {
   const std::int64_t* token_start = nullptr;  // [num_seqs + 1]
   const std::int64_t* write_slot = nullptr;   // [num_seqs]
   const std::int64_t* read_slot = nullptr;    // [num_seqs], -1: start from zeros
+  // When set (vLLM's speculative layout), the slot written after token row r is token_slot[r]
+  // instead of write_slot[s] + t: a block table's arbitrary slots.
+  const std::int64_t* token_slot = nullptr;  // [tokens]
 
   const std::byte* xh = nullptr;    // [tokens][channels]: q heads | k heads | v heads
   const std::byte* g = nullptr;     // [tokens][hv], log decay

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -64,20 +65,37 @@ void copy(Real* to, const Real* from, std::int64_t n) {
   if (n > 0) std::memcpy(to, from, static_cast<std::size_t>(n) * sizeof(Real));
 }
 
-// A pool as slot blocks (validated contiguous), of the compute type Real or bf16.
+// A pool as slot blocks, of the compute type Real or bf16: each slot dense, slots `stride`
+// elements apart (the speculative layout's prefills see the first K - 1 columns of each
+// K - 1 + n wide conv buffer as a pool of their own).
 template <class Real>
 struct Pool {
   std::byte* data;
   bool bf16;
-  std::int64_t slot;  // elements per slot
+  std::int64_t slot;    // elements per slot
+  std::int64_t stride;  // elements from a slot to the next
 
   explicit Pool(const MutableTensorView& p)
       : data(static_cast<std::byte*>(p.data)), bf16(p.dtype == DType::bf16), slot(p.sizes[1]) {
     for (int i = 2; i < p.rank; ++i) slot *= p.sizes[i];
+    stride = p.sizes[0] > 1 ? p.strides[0] : slot;  // one slot: its stride is never used
   }
-  Real* typed(std::int64_t x) const { return reinterpret_cast<Real*>(data) + x * slot; }
+  Real* typed(std::int64_t x) const { return reinterpret_cast<Real*>(data) + x * stride; }
   std::uint16_t* half(std::int64_t x) const {
-    return reinterpret_cast<std::uint16_t*>(data) + x * slot;
+    return reinterpret_cast<std::uint16_t*>(data) + x * stride;
+  }
+  // Elements [from, from + count) of slot x <- from, rounded once into a bf16 pool.
+  void write_part(std::int64_t x, std::int64_t from, std::int64_t count, const Real* values) const {
+    if (!bf16) return copy(typed(x) + from, values, count);
+    std::uint16_t* h = half(x) + from;
+    for (std::int64_t i = 0; i < count; ++i)
+      h[i] = detail::bf16_from_float(static_cast<float>(values[i]));
+  }
+  // Elements [from, from + count) of slot x, widened.
+  void read_part(std::int64_t x, std::int64_t from, std::int64_t count, Real* to) const {
+    if (!bf16) return copy(to, typed(x) + from, count);
+    const std::uint16_t* h = half(x) + from;
+    for (std::int64_t i = 0; i < count; ++i) to[i] = detail::float_from_bf16(h[i]);
   }
   // Slot x, widened.
   void read(std::int64_t x, Real* to) const {
@@ -169,13 +187,13 @@ void write_conv_states(const StepInputs& in, const Pool<Real>& pool, const Valid
   for (std::int64_t s = first; s < last; ++s) {
     const std::int64_t len = v.query_start[s + 1] - v.query_start[s];
     const std::int64_t read = v.read_slot[s], first_write = v.write_slot[s];
-    const Elem* history = read >= 0 ? base + read * pool.slot : nullptr;
+    const Elem* history = read >= 0 ? base + read * pool.stride : nullptr;
     if (history != nullptr && len > 1 && read >= first_write && read < first_write + len) {
       saved.assign(history, history + pool.slot);
       history = saved.data();
     }
     for (std::int64_t t = 0; t < len; ++t) {
-      Elem* to = base + (first_write + t) * pool.slot;
+      Elem* to = base + (first_write + t) * pool.stride;
       for (std::int64_t r = 0; r + 1 < k; ++r) {
         const std::int64_t j = t - (k - 2) + r;  // input index within the window
         if (j < 0) {
@@ -194,6 +212,37 @@ void write_conv_states(const StepInputs& in, const Pool<Real>& pool, const Valid
             }
           }
         }
+      }
+    }
+  }
+}
+
+// The speculative layout's windows [first, last): the conv state after each window token t
+// into columns [t, t + K - 1) of the window's buffer, i.e. columns [0, K - 2 + q) rewritten
+// with the window's inputs from history row 1 on (gdn/step.h). `history` [last - first, K - 1,
+// D] holds the buffers' history columns as read before the step (zeros without history);
+// a bf16 buffer gets its values back exactly and the raw inputs rounded once.
+template <class Real, class Elem>
+void write_spec_conv_states(const StepInputs& in, const Pool<Real>& pool, const ValidatedStep& v,
+                            std::int64_t first, std::int64_t last, const Real* history) {
+  constexpr bool half = !std::is_same_v<Elem, Real>;
+  const std::int64_t k = v.layer.taps, d = v.layer.channels;
+  if (k < 2) return;  // no conv state
+  auto store = [](Elem* to, Real x) {
+    if constexpr (half) {
+      *to = detail::bf16_from_float(static_cast<float>(x));
+    } else {
+      *to = x;
+    }
+  };
+  for (std::int64_t s = first; s < last; ++s) {
+    const std::int64_t t0 = v.query_start[s], q = v.query_start[s + 1] - t0;
+    Elem* buffer = reinterpret_cast<Elem*>(pool.data) + v.write_slot[s] * pool.stride;
+    const Real* h = history + (s - first) * (k - 1) * d;
+    for (std::int64_t r = 0; r < k - 2 + q; ++r) {
+      const std::int64_t j = r + 1 - (k - 1);  // window input j; negative: history row k - 1 + j
+      for (std::int64_t c = 0; c < d; ++c) {
+        store(buffer + r * d + c, j < 0 ? h[(k - 1 + j) * d + c] : element<Real>(in.qkv, t0 + j, c));
       }
     }
   }
@@ -242,14 +291,24 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   conv.x_channel = qkv.strides[1];
   conv.weight = static_cast<const std::byte*>(weight.raw());
   conv.bias = static_cast<const std::byte*>(bias.raw());
+  // The speculative layout's windows read their conv history from columns conv_column[s] on
+  // of their own buffer, which they rewrite: always through a copy, also kept for the writes.
+  const bool windows = v.spec_layout && first < v.decode_end;
   Tensor history;
   std::vector<std::int64_t> history_block;
-  if (k > 1 && conv_pool.bf16) {
+  if (k > 1 && (conv_pool.bf16 || windows || conv_pool.stride != conv_pool.slot)) {
     history = Tensor(dtype, {n, k - 1, d});
     history_block.assign(static_cast<std::size_t>(n), -1);
+    Real* h = static_cast<Real*>(history.raw());
+    std::fill(h, h + n * (k - 1) * d, Real{0});
     for (std::int64_t s = 0; s < n; ++s) {
       if (read_slot[s] < 0) continue;
-      conv_pool.read(read_slot[s], static_cast<Real*>(history.raw()) + s * conv_pool.slot);
+      if (windows) {
+        conv_pool.read_part(v.write_slot[first + s], v.conv_column[first + s] * d, (k - 1) * d,
+                            h + s * (k - 1) * d);
+      } else {
+        conv_pool.read(read_slot[s], h + s * (k - 1) * d);
+      }
       history_block[static_cast<std::size_t>(s)] = s;
     }
     conv.state_in = static_cast<const std::byte*>(history.raw());
@@ -261,7 +320,14 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   conv.xh = static_cast<std::byte*>(xh.raw());
   cpu::conv_forward(conv, o.isa, o.threads);
 
-  if (conv_pool.bf16) {
+  if (windows) {
+    const Real* h = static_cast<const Real*>(history.raw());
+    if (conv_pool.bf16) {
+      write_spec_conv_states<Real, std::uint16_t>(in, conv_pool, v, first, last, h);
+    } else {
+      write_spec_conv_states<Real, Real>(in, conv_pool, v, first, last, h);
+    }
+  } else if (conv_pool.bf16) {
     write_conv_states<Real, std::uint16_t>(in, conv_pool, v, first, last);
   } else {
     write_conv_states<Real, Real>(in, conv_pool, v, first, last);
@@ -285,6 +351,7 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   p.token_start = token_start.data();
   p.write_slot = v.write_slot.data() + first;
   p.read_slot = read_slot;
+  p.token_slot = windows ? v.token_slot.data() + t0 : nullptr;
   p.xh = static_cast<const std::byte*>(xh.raw());
   p.g = static_cast<const std::byte*>(g.raw());
   p.beta = static_cast<const std::byte*>(beta.raw());
@@ -311,17 +378,30 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
 
 // Runs of consecutive live sequences that take the same path, in batch order (no live
 // sequence reads a slot that another writes, so the order does not matter).
+// The speculative layout's pools for the sequences other than its windows: the conv pool's
+// first K - 1 columns of every slot, a pool with a slot stride of K - 1 + n columns.
+StatePools first_conv_columns(const StatePools& pools, const ValidatedStep& v) {
+  StatePools narrow = pools;
+  if (v.spec_layout) narrow.conv_state.sizes[1] = v.layer.taps - 1;
+  return narrow;
+}
+
 template <class Real>
 void step_cpu(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
               const StepOptions& o, const ValidatedStep& v, const Plan& decode_plan) {
+  const StatePools narrow = first_conv_columns(pools, v);
   for (std::int64_t first = 0; first < v.mixed_end;) {
     const bool decode = v.decode_path(first);
+    // The speculative layout's windows, [0, decode_end), run apart from the other sequences.
+    const bool windows = v.spec_layout && first < v.decode_end;
     std::int64_t last = first + 1;
-    while (last < v.mixed_end && v.decode_path(last) == decode) ++last;
+    while (last < v.mixed_end && v.decode_path(last) == decode &&
+           (!v.spec_layout || (last < v.decode_end) == windows))
+      ++last;
     if (decode) {
-      run_decodes<Real>(in, pools, out, o, v, decode_plan, first, last);
+      run_decodes<Real>(in, windows ? pools : narrow, out, o, v, decode_plan, first, last);
     } else {
-      run_prefills<Real>(in, pools, out, o, v, first, last,
+      run_prefills<Real>(in, narrow, out, o, v, first, last,
                          [&](const LayerInputs& li, const LayerOutputs& lo) {
                            detail::fused_gdn_fwd_unchecked(li, lo, o);
                          });
@@ -331,14 +411,53 @@ void step_cpu(const StepInputs& in, const StatePools& pools, const MutableTensor
   zero_rows(out, v.query_start[v.mixed_end], v.layer.tokens);
 }
 
+// The reference of window s of the speculative layout, token by token from gdn/step.h's rules:
+// token t starts from the recurrent state in slot token_slot[t - 1] (t = 0: the read slot) and
+// the conv state in columns [t - 1, t - 1 + K - 1) of the buffer (t = 0: from column a - 1),
+// and writes its states to slot token_slot[t] and columns [t, t + K - 1).
+void spec_window_reference(const StepInputs& in, const StatePools& pools,
+                           const MutableTensorView& out, const StepOptions& o,
+                           const ValidatedStep& v, std::int64_t s) {
+  const Pool<double> buffer(pools.conv_state), rec_pool(pools.recurrent_state);
+  const std::int64_t k = v.layer.taps, d = v.layer.channels, c = v.write_slot[s];
+  const std::int64_t t0 = v.query_start[s], t1 = v.query_start[s + 1];
+  const bool history = v.read_slot[s] >= 0;
+  for (std::int64_t t = 0; t0 + t < t1; ++t) {
+    Tensor conv(DType::f64, {1, k - 1, d}), rec(DType::f64, {1, o.hv, o.dk, o.dv});
+    auto* conv_values = static_cast<double*>(conv.raw());
+    auto* rec_values = static_cast<double*>(rec.raw());
+    if (t > 0) {
+      buffer.read_part(c, (t - 1) * d, (k - 1) * d, conv_values);
+      rec_pool.read(v.token_slot[t0 + t - 1], rec_values);
+    } else if (history) {
+      buffer.read_part(c, v.conv_column[s] * d, (k - 1) * d, conv_values);
+      rec_pool.read(v.read_slot[s], rec_values);
+    }
+    const std::int64_t a = t0 + t, b = a + 1;
+    ref::fused_gdn_fwd(
+        LayerInputs{rows(in.qkv, a, b), rows(in.a, a, b), rows(in.b, a, b), in.conv_weight,
+                    in.conv_bias, in.A_log, in.dt_bias, conv.view(), rec.view(), TensorView{}},
+        LayerOutputs{rows(out, a, b), conv.mutable_view(), rec.mutable_view(), MutableTensorView{},
+                     MutableTensorView{}},
+        o);
+    buffer.write_part(c, t * d, (k - 1) * d, conv_values);
+    rec_pool.write(v.token_slot[a], rec_values);
+  }
+}
+
 // The reference: each live sequence alone; a decode window token by token, each position's
 // states into the next slot.
 void step_reference(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
                     const StepOptions& o, const ValidatedStep& v) {
-  const Pool<double> conv_pool(pools.conv_state), rec_pool(pools.recurrent_state);
+  const Pool<double> conv_pool(first_conv_columns(pools, v).conv_state),
+      rec_pool(pools.recurrent_state);
   const std::int64_t k = v.layer.taps, d = v.layer.channels;
   for (std::int64_t s = 0; s < v.mixed_end; ++s) {
     const bool decode = s < v.decode_end;
+    if (v.spec_layout && decode) {
+      spec_window_reference(in, pools, out, o, v, s);
+      continue;
+    }
     const std::int64_t t0 = v.query_start[s], t1 = v.query_start[s + 1];
     std::int64_t read = v.read_slot[s];
     for (std::int64_t a = t0; a < t1; a = decode ? a + 1 : t1) {
@@ -372,6 +491,43 @@ Tensor allocate_out(const StepInputs& in, const StepOptions& options, bool refer
                   TensorView{}, TensorView{}, TensorView{}},
       options, &layer);
   return Tensor(reference ? DType::f64 : layer.dtype, {layer.tokens, options.hv * options.dv});
+}
+
+// Check mode in the speculative layout: the parts of the pools that the live sequences read
+// (`reads`: the history they start from) or write, one slot at a time, each passed to `visit`
+// as a NamedTensor (first_row: the slot). A conv buffer's columns that a sequence neither
+// reads nor writes are never looked at: they may hold anything (a freed slot's leftovers).
+template <class Visit>
+void spec_parts(const StatePools& pools, const ValidatedStep& v, bool reads, Visit&& visit) {
+  const std::int64_t k = v.layer.taps;
+  auto conv = [&](std::int64_t slot, std::int64_t column, std::int64_t count) {
+    MutableTensorView part = rows(pools.conv_state, slot, slot + 1);
+    part.data = static_cast<char*>(part.data) +
+                column * part.strides[1] * static_cast<std::int64_t>(dtype_size(part.dtype));
+    part.sizes[1] = count;
+    visit(detail::NamedTensor{"conv_state", part, -1, slot});
+  };
+  auto rec = [&](std::int64_t slot) {
+    visit(detail::NamedTensor{"recurrent_state", rows(pools.recurrent_state, slot, slot + 1), -1, slot});
+  };
+  for (std::int64_t s = 0; s < v.mixed_end; ++s) {
+    const std::int64_t t0 = v.query_start[s], t1 = v.query_start[s + 1];
+    const std::int64_t read = v.read_slot[s], write = v.write_slot[s];
+    const bool window = s < v.decode_end;
+    if (reads && read >= 0) {
+      conv(window ? write : read, window ? v.conv_column[s] : 0, k - 1);
+      rec(read);
+    } else if (!reads) {
+      conv(write, 0, window ? (k > 1 ? k - 2 + t1 - t0 : 0) : k - 1);
+      if (!window) rec(write);
+      for (std::int64_t t = t0; window && t < t1; ++t) rec(v.token_slot[t]);
+    }
+  }
+}
+
+// The pool a spec_parts part names.
+const MutableTensorView& pools_view(const StatePools& pools, const char* name) {
+  return std::string_view(name) == "conv_state" ? pools.conv_state : pools.recurrent_state;
 }
 
 }  // namespace
@@ -427,14 +583,24 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
                   {"A_log", inputs.A_log},
                   {"dt_bias", inputs.dt_bias}},
                  Written::nothing);
-    for (std::int64_t s = 0; s < v.mixed_end; ++s) {
-      const std::int64_t read = v.read_slot[s];
-      if (read >= 0) check_slots(read, 1, Written::nothing);
-    }
-    for (std::int64_t s = 0; s < v.mixed_end; ++s) {
-      backup.save(rows(pools.conv_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
-      backup.save(
-          rows(pools.recurrent_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
+    if (v.spec_layout) {
+      spec_parts(pools, v, true, [&](const detail::NamedTensor& part) {
+        check_finite({part}, Written::nothing);
+      });
+      spec_parts(pools, v, false, [&](const detail::NamedTensor& part) {
+        backup.save(rows(pools_view(pools, part.name), part.first_row, part.first_row + 1));
+      });
+    } else {
+      for (std::int64_t s = 0; s < v.mixed_end; ++s) {
+        const std::int64_t read = v.read_slot[s];
+        if (read >= 0) check_slots(read, 1, Written::nothing);
+      }
+      for (std::int64_t s = 0; s < v.mixed_end; ++s) {
+        backup.save(
+            rows(pools.conv_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
+        backup.save(
+            rows(pools.recurrent_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
+      }
     }
   }
   restoring_on_error(backup, [&] {
@@ -448,8 +614,14 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
     }
     if (check) {
       check_finite({{"out", out, live}}, Written::pools_restored);
-      for (std::int64_t s = 0; s < v.mixed_end; ++s) {
-        check_slots(v.write_slot[s], v.slots_written(s), Written::pools_restored);
+      if (v.spec_layout) {
+        spec_parts(pools, v, false, [&](const detail::NamedTensor& part) {
+          check_finite({part}, Written::pools_restored);
+        });
+      } else {
+        for (std::int64_t s = 0; s < v.mixed_end; ++s) {
+          check_slots(v.write_slot[s], v.slots_written(s), Written::pools_restored);
+        }
       }
     }
   });

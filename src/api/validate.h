@@ -97,6 +97,14 @@ class ValidatedStep {
   std::vector<std::int64_t> query_start;  // [mixed_end + 1]
   std::vector<std::int64_t> write_slot;   // [mixed_end]: the first slot each sequence writes
   std::vector<std::int64_t> read_slot;    // [mixed_end]: the slot it starts from, -1: zeros
+  // vLLM's speculative layout (gdn/step.h): a window's write_slot is its conv buffer's slot
+  // (the recurrent state after its token 0 goes there too), its read_slot the recurrent
+  // state's; the other live sequences use columns [0, K - 1) of their conv slot.
+  bool spec_layout = false;
+  std::vector<std::int64_t> token_slot;   // [query_start[decode_end]]: the recurrent state's
+                                          // slot after each window token
+  std::vector<std::int64_t> conv_column;  // [decode_end]: a - 1, the window's first history
+                                          // column in its conv buffer
 
   // Whether live sequence s runs through the decode kernel: every decode window, and every
   // one-token sequence wherever it stands (a one-token prefill is a one-token decode: one token

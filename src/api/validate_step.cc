@@ -59,6 +59,72 @@ void expect_pool(const char* name, const MutableTensorView& pool, int rank, cons
   }
 }
 
+// The speculative layout's block table, int64 [N, row] (any strides), row-major.
+std::vector<std::int64_t> spec_table(const TensorView& view, std::int64_t n, std::int64_t row,
+                                     const std::string& n_is) {
+  const char* name = "spec_state_indices";
+  if (view.rank != 2) {
+    fail(name, "a rank-2 array [N, 1 + num_spec] (each decode window's block-table row)",
+         "rank " + std::to_string(view.rank) + ", " + shape_of(view));
+  }
+  expect_shape(name, view, 2, {n, row, 0, 0}, "[N, 1 + num_spec] = [N, " + std::to_string(row) +
+                                                  "]" + n_is);
+  expect_dtype(name, view, DType::i64, "");
+  check_extent(name, view);
+  std::vector<std::int64_t> values(static_cast<std::size_t>(n * row));
+  const auto* data = static_cast<const std::int64_t*>(view.data);
+  for (std::int64_t s = 0; s < n; ++s) {
+    for (std::int64_t t = 0; t < row; ++t)
+      values[static_cast<std::size_t>(s * row + t)] =
+          data[s * view.strides[0] + t * view.strides[1]];
+  }
+  return values;
+}
+
+std::string at2(const char* name, std::int64_t i, std::int64_t j) {
+  return std::string(name) + "[" + std::to_string(i) + ", " + std::to_string(j) + "]";
+}
+
+// Decode window s of the speculative layout: q tokens, `accepted` (a) of the previous window,
+// its block-table row `slots_of` [1 + num_spec]. Claims the slots it writes in `owner`.
+void spec_window(std::int64_t s, std::int64_t q, bool history, std::int64_t accepted,
+                 const std::int64_t* slots_of, std::int64_t slots, const StepOptions& options,
+                 const std::string& slot_range,
+                 std::unordered_map<std::int64_t, std::int64_t>* owner, ValidatedStep* result) {
+  ValidatedStep& r = *result;
+  const auto i = static_cast<std::size_t>(s);
+  if (accepted < 1 || accepted > 1 + options.num_spec) {
+    fail("num_accepted_tokens",
+         "1 to 1 + num_spec = " + std::to_string(1 + options.num_spec) +
+             " accepted tokens for each decode window (s < decode_end)",
+         at("num_accepted_tokens", s) + " = " + std::to_string(accepted));
+  }
+  auto in_range = [&](std::int64_t t, const std::string& role) {
+    if (slots_of[t] < 1 || slots_of[t] >= slots) {
+      fail("spec_state_indices", slot_range + " for " + role,
+           at2("spec_state_indices", s, t) + " = " + std::to_string(slots_of[t]));
+    }
+  };
+  for (std::int64_t t = 0; t < q; ++t) {
+    in_range(t, "each window token's state (t < " + std::to_string(q) + " tokens)");
+    const auto [it, fresh] = owner->try_emplace(slots_of[t], s);
+    if (!fresh) {
+      fail("spec_state_indices", "a distinct slot for every state a live sequence writes",
+           "sequences " + std::to_string(it->second) + " and " + std::to_string(s) +
+               " both write slot " + std::to_string(slots_of[t]) + " (" +
+               at2("spec_state_indices", s, t) + ")");
+    }
+    r.token_slot[static_cast<std::size_t>(r.query_start[i] + t)] = slots_of[t];
+  }
+  r.write_slot[i] = slots_of[0];
+  r.conv_column[i] = accepted - 1;
+  if (history) {
+    in_range(accepted - 1, "the state it starts from (column num_accepted_tokens[s] - 1 = " +
+                               std::to_string(accepted - 1) + ")");
+    r.read_slot[i] = slots_of[accepted - 1];
+  }
+}
+
 }  // namespace
 
 void validate_step(const StepInputs& in, const StatePools& pools, const MutableTensorView& out,
@@ -82,9 +148,33 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
   if (f64 && l.dtype != DType::f64)
     fail("qkv", "dtype f64 (the reference runs in float64)", dtype_name(l.dtype));
   const std::string why = " (the dtype of qkv)";
-  expect_pool("conv_state", pools.conv_state, 3, {0, l.taps - 1, l.channels, 0},
-              "[num_slots, K - 1, D] = [num_slots, " + std::to_string(l.taps - 1) + ", " +
-                  std::to_string(l.channels) + "]",
+  // vLLM's speculative layout: both of its tensors, and a conv buffer K - 1 + n wide.
+  check_rank("spec_state_indices", in.spec_state_indices);
+  check_rank("num_accepted_tokens", in.num_accepted_tokens);
+  const bool spec = in.spec_state_indices.present();
+  if (spec != in.num_accepted_tokens.present()) {
+    const char* missing = spec ? "num_accepted_tokens" : "spec_state_indices";
+    fail(missing,
+         std::string("present with ") + (spec ? "spec_state_indices" : "num_accepted_tokens") +
+             " (vLLM's speculative layout takes both)",
+         "absent");
+  }
+  if (spec && in.read_state_indices.present()) {
+    fail("read_state_indices", "absent in the speculative layout (spec_state_indices given)",
+         shape_of(in.read_state_indices));
+  }
+  if (spec && in.read_offsets.present()) {
+    fail("read_offsets", "absent in the speculative layout (spec_state_indices given)",
+         shape_of(in.read_offsets));
+  }
+  r.spec_layout = spec;
+  const std::int64_t columns = l.taps - 1 + (spec ? options.num_spec : 0);
+  expect_pool("conv_state", pools.conv_state, 3, {0, columns, l.channels, 0},
+              spec ? "[num_slots, K - 1 + num_spec, D] = [num_slots, " + std::to_string(columns) +
+                         ", " + std::to_string(l.channels) +
+                         "] (vLLM's rolling buffer: the speculative layout)"
+                   : "[num_slots, K - 1, D] = [num_slots, " + std::to_string(l.taps - 1) + ", " +
+                         std::to_string(l.channels) + "]",
               l.dtype);
   expect_pool("recurrent_state", pools.recurrent_state, 4, {0, options.hv, options.dk, options.dv},
               "[num_slots, Hv, Dk, Dv] = [num_slots, " + std::to_string(options.hv) + ", " +
@@ -127,6 +217,12 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
   const bool read_indices = in.read_state_indices.present();
   if (read_indices)
     read_base = index_values("read_state_indices", in.read_state_indices, n, "[N]" + n_is);
+  std::vector<std::int64_t> accepted, table;  // the speculative layout's, table [N][1 + n]
+  const std::int64_t row = 1 + options.num_spec;
+  if (spec) {
+    accepted = index_values("num_accepted_tokens", in.num_accepted_tokens, n, "[N]" + n_is);
+    table = spec_table(in.spec_state_indices, n, row, n_is);
+  }
   // Tokamax's padded batches carry distribution values past N (its own tests pass N = 1 with
   // [0, 0, 3]) and clamp them to N; clamping here accepts exactly those, nothing else.
   const std::vector<std::int64_t> given = dist;
@@ -162,6 +258,10 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
   r.query_start.assign(qsl.begin(), qsl.begin() + live + 1);
   r.write_slot.assign(static_cast<std::size_t>(live), 0);
   r.read_slot.assign(static_cast<std::size_t>(live), -1);
+  if (spec) {
+    r.token_slot.assign(static_cast<std::size_t>(qsl[static_cast<std::size_t>(r.decode_end)]), 0);
+    r.conv_column.assign(static_cast<std::size_t>(r.decode_end), 0);
+  }
   // owner[x]: the live sequence that writes slot x (absent: none). A map, not a vector of
   // num_slots: the pools' size must not decide the validation's memory (found by fuzz/).
   std::unordered_map<std::int64_t, std::int64_t> owner;
@@ -186,7 +286,12 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
       fail("seq_lens", "each live sequence's total length at least its tokens in this step",
            at("seq_lens", s) + " = " + std::to_string(lens[i]) + " < " + std::to_string(len));
     }
-    const std::int64_t writes = decode ? len : 1;
+    if (spec && decode) {
+      spec_window(s, len, lens[i] > len, accepted[i], table.data() + s * row, slots, options,
+                  slot_range, &owner, &r);
+      continue;
+    }
+    const std::int64_t writes = spec || !decode ? 1 : len;
     if (slot[i] < 1 || slot[i] > slots - writes) {
       fail("state_indices",
            writes == 1 ? slot_range
@@ -229,7 +334,9 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
     const auto it = owner.find(read);
     const std::int64_t o = it == owner.end() ? -1 : it->second;
     if (o >= 0 && o != s) {
-      fail(read_indices                ? "read_state_indices"
+      const bool window = spec && s < r.decode_end;
+      fail(window                      ? "spec_state_indices"
+           : read_indices              ? "read_state_indices"
            : in.read_offsets.present() ? "read_offsets"
                                        : "state_indices",
            "a read slot that no other live sequence writes",
@@ -244,7 +351,9 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
                                {"seq_lens", &in.seq_lens},
                                {"distribution", &in.distribution},
                                {"read_offsets", &in.read_offsets},
-                               {"read_state_indices", &in.read_state_indices}});
+                               {"read_state_indices", &in.read_state_indices},
+                               {"spec_state_indices", &in.spec_state_indices},
+                               {"num_accepted_tokens", &in.num_accepted_tokens}});
   check_aliasing({{"out", &out},
                   {"conv_state", &pools.conv_state},
                   {"recurrent_state", &pools.recurrent_state}},

@@ -117,6 +117,10 @@ void decode_item(const detail::DecodeProblem& p, std::int64_t item, std::byte* w
   const std::int64_t head = h * dk * dv + j0;  // this block's first element in a slot
   const std::int64_t first = p.token_start[s], tokens = p.token_start[s + 1] - first;
   const std::int64_t key = h / group;
+  // The slot of the state after window token t.
+  auto slot_after = [&](std::int64_t t) {
+    return p.token_slot != nullptr ? p.token_slot[first + t] : p.write_slot[s] + t;
+  };
   for (std::int64_t t = 0; t < tokens; ++t) {
     const std::int64_t row = first + t;
     const Real* x = xh + row * p.channels;
@@ -125,8 +129,8 @@ void decode_item(const detail::DecodeProblem& p, std::int64_t item, std::byte* w
     const Real* v = x + 2 * p.hk * dk + h * dv + j0;
     const Real alpha = static_cast<Real>(__builtin_exp(static_cast<double>(g[row * p.hv + h])));
     const Real beta = beta_of[row * p.hv + h];
-    const std::int64_t read = t == 0 ? p.read_slot[s] : p.write_slot[s] + t - 1;
-    State* dst = pool + (p.write_slot[s] + t) * p.slot_elements + head;
+    const std::int64_t read = t == 0 ? p.read_slot[s] : slot_after(t - 1);
+    State* dst = pool + slot_after(t) * p.slot_elements + head;
     const State* src = read < 0 ? nullptr : pool + read * p.slot_elements + head;
     if constexpr (widened) {
       const bool carry = t + 1 < tokens;
