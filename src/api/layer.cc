@@ -15,6 +15,7 @@
 #include "api/validate.h"
 #include "cpu/float_env.h"
 #include "cpu/layer.h"
+#include "cpu/profile.h"
 #include "reference/reference.h"
 
 namespace gdn {
@@ -73,11 +74,18 @@ struct Work {
   detail::ConvBuffers conv;
 };
 
+// The conv's buffers and xh = SiLU(conv(qkv)).
 template <class Real>
-void prepare(const LayerInputs& in, const LayerOptions& options, const detail::ValidatedLayer& v,
-             Work& w) {
+void run_conv(const LayerInputs& in, const LayerOptions& options, const detail::ValidatedLayer& v,
+              Work& w) {
   detail::prepare_conv<Real>(in.qkv, in.conv_weight, in.conv_bias, in.conv_state, v.sequences,
                              v.taps, v.compute_dtype, true, nullptr, &w.conv);
+  cpu::conv_forward(w.conv.problem, options.isa, options.threads);
+}
+
+template <class Real>
+void run_gates(const LayerInputs& in, const LayerOptions& options, const detail::ValidatedLayer& v,
+               Work& w) {
   w.g = Tensor(v.compute_dtype, {v.tokens, options.hv});
   w.beta = Tensor(v.compute_dtype, {v.tokens, options.hv});
   detail::layer_gates(in.a, in.b, in.A_log, in.dt_bias, v.tokens, options.hv,
@@ -110,9 +118,12 @@ ForwardOptions core_options(const LayerOptions& o) {
 template <class Real>
 void layer_forward(const LayerInputs& in, const LayerOutputs& out, const LayerOptions& options,
                    const detail::ValidatedLayer& v) {
+  cpu::StageLaps laps;
   Work w;
-  prepare<Real>(in, options, v, w);
-  cpu::conv_forward(w.conv.problem, options.isa, options.threads);
+  run_conv<Real>(in, options, v, w);
+  laps.lap(cpu::Stage::layer_conv);
+  run_gates<Real>(in, options, v, w);
+  laps.lap(cpu::Stage::layer_gates);
   // 16-bit activations: the gated delta rule writes float32 (its inputs are the conv's float32
   // output), rounded into out once.
   const bool with_out = out.out.present();
@@ -128,6 +139,7 @@ void layer_forward(const LayerInputs& in, const LayerOutputs& out, const LayerOp
          out.recurrent_state_out, out.chunk_states, out.t_inv},
         core_options(options));
   }
+  laps.skip();  // the gated delta rule's own stages
   if (narrow) {
     const Real* o = static_cast<const Real*>(out32.raw());
     const std::int64_t width = options.hv * options.dv;
@@ -135,8 +147,10 @@ void layer_forward(const LayerInputs& in, const LayerOutputs& out, const LayerOp
       for (std::int64_t c = 0; c < width; ++c) write<Real>(out.out, o[t * width + c], t, c);
     }
   }
+  laps.lap(cpu::Stage::layer_out);
   detail::write_final_conv_state<Real>(in.qkv, in.conv_state, v.sequences, v.taps,
                                        out.conv_state_out);
+  laps.lap(cpu::Stage::layer_conv_state);
 }
 
 template <class Real>
@@ -146,8 +160,8 @@ void layer_backward(const LayerBackwardInputs& in, const LayerBackwardOutputs& o
   const std::int64_t t_count = v.tokens, d = v.channels, hv = options.hv;
   const std::int64_t qk = options.hk * options.dk;
   Work w;
-  prepare<Real>(f, options, v, w);
-  cpu::conv_forward(w.conv.problem, options.isa, options.threads);
+  run_conv<Real>(f, options, v, w);
+  run_gates<Real>(f, options, v, w);
 
   // The gated delta rule's backward, into dxh (dq, dk, dv are views of it), dg and dbeta.
   const DType cd = v.compute_dtype;
