@@ -33,6 +33,7 @@
 #include "common/half_bits.h"
 #include "cpu/float_env.h"
 #include "cpu/layer.h"
+#include "cpu/profile.h"
 
 namespace gdn {
 namespace {
@@ -131,6 +132,7 @@ void run_prefills(const StepInputs& in, const StatePools& pools, const MutableTe
                   std::int64_t last, Forward&& forward) {
   const std::int64_t count = last - first;
   if (count == 0) return;
+  cpu::StageLaps laps;
   const std::int64_t k = v.layer.taps, d = v.layer.channels, first_token = v.query_start[first];
   const std::int64_t t1 = v.query_start[last];
   const DType dtype = v.layer.compute_dtype;  // of the gathered states
@@ -156,13 +158,16 @@ void run_prefills(const StepInputs& in, const StatePools& pools, const MutableTe
                           conv.view(),
                           rec.view(),
                           cu.view()};
+  laps.lap(cpu::Stage::step_slots);
   forward(layer, LayerOutputs{rows(out, first_token, t1), conv.mutable_view(), rec.mutable_view(),
                               MutableTensorView{}, MutableTensorView{}});
+  laps.skip();  // the layer op's own stages
   for (std::int64_t p = 0; p < count; ++p) {
     const std::int64_t write = v.write_slot[first + p];
     conv_pool.write(write, static_cast<const Real*>(conv.raw()) + p * conv_pool.slot);
     rec_pool.write(write, static_cast<const Real*>(rec.raw()) + p * rec_pool.slot);
   }
+  laps.lap(cpu::Stage::step_slots);
 }
 
 // The conv state after each window position of the decodes into the conv pool, of elements

@@ -56,31 +56,46 @@ inline Vec<Real> vsigmoid(Vec<Real> y) {
   return splat<Real>(1) / (splat<Real>(1) + vexp<Real>(-y));
 }
 
-// xh of channel vector v for n tokens (out + t * ld, t < n) from input rows[0 .. n + K - 1):
-// the K weights in registers, a window of the last K inputs sliding down the tokens.
-template <class Real, int K, bool kStream>
+// xh of channel vectors v .. v + NV - 1 for n tokens (out + t * ld, t < n) from input rows[0 ..
+// n + K - 1): the K weights in registers, a window of the last K inputs sliding down the tokens,
+// NV vectors side by side (workspace.h: kConvColumnVectors); each lane's arithmetic is the same
+// whatever NV.
+template <class Real, int K, bool kStream, bool kSilu, int NV>
 inline void conv_column(const detail::ConvProblem& p, const Real* const* rows, std::int64_t v,
                         std::int64_t n, Real* out, std::int64_t ld) {
+  constexpr int W = kLanes<Real>;
   const Real* w = reinterpret_cast<const Real*>(p.weight) + v;
-  Vec<Real> wv[K], a[K];
+  Vec<Real> wv[NV][K], a[NV][K], b[NV];
 #pragma GCC unroll 8
-  for (int i = 0; i < K; ++i) wv[i] = load(w + i * p.cpad);
+  for (int u = 0; u < NV; ++u) {
 #pragma GCC unroll 8
-  for (int i = 0; i < K - 1; ++i) a[i] = load(rows[i] + v);
-  const Vec<Real> b = load(reinterpret_cast<const Real*>(p.bias) + v);
+    for (int i = 0; i < K; ++i) wv[u][i] = load(w + i * p.cpad + u * W);
+#pragma GCC unroll 8
+    for (int i = 0; i < K - 1; ++i) a[u][i] = load(rows[i] + v + u * W);
+    b[u] = load(reinterpret_cast<const Real*>(p.bias) + v + u * W);
+  }
   for (std::int64_t t = 0; t < n; ++t) {
-    a[K - 1] = load(rows[t + K - 1] + v);
-    Vec<Real> y = b;
+    Vec<Real> y[NV];
 #pragma GCC unroll 8
-    for (int i = 0; i < K; ++i) y += wv[i] * a[i];
+    for (int u = 0; u < NV; ++u) {
+      a[u][K - 1] = load(rows[t + K - 1] + v + u * W);
+      y[u] = b[u];
 #pragma GCC unroll 8
-    for (int i = 0; i < K - 1; ++i) a[i] = a[i + 1];
-    // y sigmoid(y); the branch is the same for every token (hoisted by the compiler).
-    const Vec<Real> o = p.silu ? y / (splat<Real>(1) + vexp<Real>(-y)) : y;
-    if constexpr (kStream) {
-      stream(out + t * ld, o);
-    } else {
-      store(out + t * ld, o);
+      for (int i = 0; i < K; ++i) y[u] += wv[u][i] * a[u][i];
+#pragma GCC unroll 8
+      for (int i = 0; i < K - 1; ++i) a[u][i] = a[u][i + 1];
+    }
+#pragma GCC unroll 8
+    for (int u = 0; u < NV; ++u) {
+      // y sigmoid(y) (a template argument: out may alias p.silu for all the compiler knows, and
+      // a load and test of it stayed in the loop).
+      Vec<Real> o = y[u];
+      if constexpr (kSilu) o = y[u] / (splat<Real>(1) + vexp<Real>(-y[u]));
+      if constexpr (kStream) {
+        stream(out + t * ld + u * W, o);
+      } else {
+        store(out + t * ld + u * W, o);
+      }
     }
   }
 }
@@ -133,15 +148,31 @@ void conv_forward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_
       }
     }
     Real* xh = xh_base + (seq.start + s0) * channels;
-    for (std::int64_t v = 0; v < whole; v += W) {
+    constexpr int NV = kConvColumnVectors;
+    std::int64_t v = 0;
+    for (; v + NV * W <= whole; v += NV * W) {
       if (streamed) {
-        conv_column<Real, K, true>(p, rows, v, n, xh + v, channels);
+        p.silu ? conv_column<Real, K, true, true, NV>(p, rows, v, n, xh + v, channels)
+               : conv_column<Real, K, true, false, NV>(p, rows, v, n, xh + v, channels);
       } else {
-        conv_column<Real, K, false>(p, rows, v, n, xh + v, channels);
+        p.silu ? conv_column<Real, K, false, true, NV>(p, rows, v, n, xh + v, channels)
+               : conv_column<Real, K, false, false, NV>(p, rows, v, n, xh + v, channels);
+      }
+    }
+    for (; v < whole; v += W) {
+      if (streamed) {
+        p.silu ? conv_column<Real, K, true, true, 1>(p, rows, v, n, xh + v, channels)
+               : conv_column<Real, K, true, false, 1>(p, rows, v, n, xh + v, channels);
+      } else {
+        p.silu ? conv_column<Real, K, false, true, 1>(p, rows, v, n, xh + v, channels)
+               : conv_column<Real, K, false, false, 1>(p, rows, v, n, xh + v, channels);
       }
     }
     // A padded store would run into the next row: the tail vector goes through `tail`.
-    if (whole < channels) conv_column<Real, K, false>(p, rows, whole, n, tail, W);
+    if (whole < channels) {
+      p.silu ? conv_column<Real, K, false, true, 1>(p, rows, whole, n, tail, W)
+             : conv_column<Real, K, false, false, 1>(p, rows, whole, n, tail, W);
+    }
     for (std::int64_t t = 0; t < n && whole < channels; ++t) {
       for (std::int64_t c = whole; c < channels; ++c)
         xh[t * channels + c] = tail[t * W + c - whole];

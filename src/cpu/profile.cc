@@ -11,9 +11,11 @@ std::atomic<StageProfile*> g_profile{nullptr};
 
 const char* stage_name(Stage stage) {
   static constexpr const char* kNames[kStageCount] = {
-      "states", "pack_qk", "gram",    "pack_v", "kkt",     "solve",     "residuals",
-      "wy",     "output",  "write_o", "state",  "rebuild", "recompute", "read_do",
-      "values", "mst",     "gates",   "dqk",    "dstate",  "write_dqk"};
+      "states",     "pack_qk",     "gram",      "pack_v",           "kkt",
+      "solve",      "residuals",   "wy",        "output",           "write_o",
+      "state",      "rebuild",     "recompute", "read_do",          "values",
+      "mst",        "gates",       "dqk",       "dstate",           "write_dqk",
+      "layer_conv", "layer_gates", "layer_out", "layer_conv_state", "step_slots"};
   const int i = static_cast<int>(stage);
   return i >= 0 && i < kStageCount ? kNames[i] : "unknown";
 }
@@ -28,6 +30,21 @@ std::int64_t stage_clock_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+StageLaps::StageLaps() : profile_(active_stage_profile()) {
+  if (profile_ != nullptr) last_ = stage_clock_ns();
+}
+
+void StageLaps::lap(Stage stage) {
+  if (profile_ == nullptr) return;
+  const std::int64_t now = stage_clock_ns();
+  add_stage_time(profile_, stage, now - last_);
+  last_ = now;
+}
+
+void StageLaps::skip() {
+  if (profile_ != nullptr) last_ = stage_clock_ns();
 }
 
 ScopedStageProfile::ScopedStageProfile(StageProfile* profile)

@@ -1,4 +1,5 @@
-// profile.h: where the time of the chunked forward and backward goes, stage by stage.
+// profile.h: where the time of the chunked forward and backward goes, stage by stage, and
+// that of the fused layer op's forward and a serving step's prefills around them.
 //
 // While a StageProfile is installed (ScopedStageProfile), every work item reads a clock
 // between its stages and adds the elapsed time to the stage's counter; with none installed
@@ -37,6 +38,13 @@ enum class Stage : int {
   dqk,        // backward: the dQ, dK products
   dstate,     // backward: dS = e^G_last dS' + [Q;K]^T M
   write_dqk,  // backward: the L2-norm backward and writing dq, dk
+  // The fused layer op's forward (src/api/layer.cc) and a serving step's prefills
+  // (src/api/step.cc) around the gated delta rule, whose stages are the ones above.
+  layer_conv,        // conv parameters and states in the kernel's layout, conv1d + SiLU (xh)
+  layer_gates,       // g and beta
+  layer_out,         // 16-bit activations: the delta rule's float32 out rounded into out
+  layer_conv_state,  // the new conv states
+  step_slots,        // a step's prefills: start states read from and final states written to slots
   count,
 };
 inline constexpr int kStageCount = static_cast<int>(Stage::count);
@@ -57,6 +65,21 @@ void add_stage_time(StageProfile* profile, Stage stage, std::int64_t ns);
 
 // A monotonic clock in nanoseconds.
 std::int64_t stage_clock_ns();
+
+// The layer op's and a step's clock (src/api): as the kernels' StageClock (profile-inl.h), out of
+// line; with no profile installed a lap is one test of a pointer.
+class StageLaps {
+ public:
+  StageLaps();
+  // The time since the previous lap (or skip, or the start) goes to `stage`.
+  void lap(Stage stage);
+  // The time since the previous lap is dropped (it was a call that profiles its own stages).
+  void skip();
+
+ private:
+  StageProfile* profile_;
+  std::int64_t last_ = 0;
+};
 
 // Installs `profile` for the scope (and restores the previous one after it).
 class ScopedStageProfile {

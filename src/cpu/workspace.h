@@ -184,6 +184,12 @@ static constexpr BackwardLayout backward_layout(std::int64_t dk, std::int64_t dv
 // large L3: smaller outputs are still cached when the core op reads them).
 inline constexpr std::int64_t kConvTokens = 256;
 inline constexpr std::int64_t kConvSub = 16;
+// Channel vectors the forward's column walk carries side by side: two independent SiLU chains
+// per token (each a division and an exponential deep). One bf16 Qwen3-Next 8192-token prefill,
+// one thread, AVX2 (AMD EPYC, 2 vCPUs, shared host): the conv stage 146-153 ms with one,
+// 109-124 ms with two, alternating runs; four measured no better than two (the 16 ymm
+// registers hold two vectors' K weights and windows at K = 4).
+inline constexpr int kConvColumnVectors = 2;
 inline constexpr std::int64_t kConvStreamBytes = std::int64_t{32} << 20;
 
 // The forward's residuals (chunk_states and t_inv) go out with non-temporal stores when they

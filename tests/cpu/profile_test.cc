@@ -1,5 +1,6 @@
 // profile_test.cc: the stage clocks of the chunked forward and backward (src/cpu/profile.h),
-// which `gdn bench --breakdown` and the suite's targets section read. A profiled call gives
+// which `gdn bench --breakdown` and the suite's targets section read, and those of a serving
+// step's prefill around them (dev/layer_step_bench.cc). A profiled call gives
 // bit for bit the same results as an unprofiled one; every stage a pass runs records time and
 // no other does; at one thread the stages add up to no more than the call's wall time; nothing
 // is recorded into a profile that is not installed; and the per-stage FLOPs of the cost model
@@ -18,6 +19,7 @@
 #include "common/isas.h"
 #include "common/problem.h"
 #include "gdn/gdn.h"
+#include "step_harness.h"
 
 namespace gdn {
 namespace {
@@ -159,6 +161,54 @@ TEST(StageProfile, BackwardStagesByPolicyAndSameResults) {
   }
 }
 
+// A step's prefill with 16-bit activations: the layer's stages (conv, gates, out rounded, conv
+// states), the step's slots and the delta rule's own, bit for bit the same results.
+TEST(StageProfile, StepPrefillStagesAndSameResults) {
+  step_test::StepSpec spec;
+  spec.num_slots = 4;
+  spec.prefills = {{150, 2, 20}, {70, 3, 0}};
+  step_test::StepProblem p = step_test::make_step_problem(spec);
+  p.spec.dtype = DType::bf16;  // float32 pools, bf16 activations
+  for (Tensor* t : {&p.qkv, &p.a, &p.b}) {
+    Tensor r(DType::bf16, t->rank(), t->sizes());
+    for (std::int64_t i = 0; i < t->numel(); ++i) {
+      static_cast<std::uint16_t*>(r.raw())[i] = bf16_bits(t->data<float>()[i]);
+    }
+    *t = std::move(r);
+  }
+  for (CpuIsa isa : compiled_isas()) {
+    StepOptions o = p.options();
+    o.isa = isa;
+    o.threads = 1;
+    const step_test::StepResult plain = step_test::run_step(p, o);
+    cpu::StageProfile profile;
+    step_test::StepResult profiled;
+    std::int64_t wall = 0;
+    {
+      const cpu::ScopedStageProfile scope(&profile);
+      const std::int64_t start = cpu::stage_clock_ns();
+      profiled = step_test::run_step(p, o);
+      wall = cpu::stage_clock_ns() - start;
+    }
+    const std::string what = cpu_isa_name(isa);
+    EXPECT_TRUE(test::bit_identical(profiled.out, plain.out, "out, " + what));
+    EXPECT_TRUE(test::bit_identical(profiled.conv_pool, plain.conv_pool, "conv pool, " + what));
+    EXPECT_TRUE(test::bit_identical(profiled.rec_pool, plain.rec_pool, "rec pool, " + what));
+    std::set<Stage> got = stages_with_time(profile);
+    got.erase(Stage::residuals);  // only tests for absent tensors (see above)
+    const std::set<Stage> expected = {Stage::states,     Stage::pack_qk,
+                                      Stage::gram,       Stage::pack_v,
+                                      Stage::kkt,        Stage::solve,
+                                      Stage::wy,         Stage::output,
+                                      Stage::write_o,    Stage::state,
+                                      Stage::layer_conv, Stage::layer_gates,
+                                      Stage::layer_out,  Stage::layer_conv_state,
+                                      Stage::step_slots};
+    EXPECT_EQ(got, expected) << what;
+    EXPECT_LE(total_ns(profile), wall) << what;
+  }
+}
+
 // With no profile installed (or after its scope) the kernels record nothing anywhere; scopes
 // nest.
 TEST(StageProfile, OnlyTheInstalledProfileRecords) {
@@ -182,6 +232,7 @@ TEST(StageProfile, OnlyTheInstalledProfileRecords) {
   EXPECT_EQ(total_ns(outer), 0);
   EXPECT_STREQ(cpu::stage_name(Stage::pack_qk), "pack_qk");
   EXPECT_STREQ(cpu::stage_name(Stage::write_dqk), "write_dqk");
+  EXPECT_STREQ(cpu::stage_name(Stage::step_slots), "step_slots");
 }
 
 // The stage split of the cost model adds up to its totals (one key head per value head).

@@ -56,6 +56,16 @@ const char* what_of(cpu::Stage s) {
       return "dS = e^G_last dS' + [Q;K]^T M";
     case cpu::Stage::write_dqk:
       return "L2-norm backward; write dq, dk";
+    case cpu::Stage::layer_conv:
+      return "layer: conv1d + SiLU into xh";
+    case cpu::Stage::layer_gates:
+      return "layer: g, beta";
+    case cpu::Stage::layer_out:
+      return "layer: float32 out rounded to 16 bits";
+    case cpu::Stage::layer_conv_state:
+      return "layer: the new conv states";
+    case cpu::Stage::step_slots:
+      return "step: states read from, written to slots";
     case cpu::Stage::count:
       break;
   }
