@@ -247,9 +247,10 @@ void step(const Raw& qkv, const Raw& a, const Raw& b, const Raw& conv_weight, co
           const Raw& A_log, const Raw& dt_bias, const Raw& conv_state, const Raw& recurrent_state,
           const Raw& query_start_loc, const Raw& state_indices, const Raw& seq_lens,
           const Raw& distribution, const Raw& read_state_indices, const Raw& read_offsets,
-          const Raw& out, std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv,
-          std::int64_t num_spec, int threads, bool reference) {
-  std::vector<std::int64_t> qsl, slots, lens, dist, read_slots, offsets;
+          const Raw& spec_state_indices, const Raw& num_accepted_tokens, const Raw& out,
+          std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv, std::int64_t num_spec,
+          int threads, bool reference) {
+  std::vector<std::int64_t> qsl, slots, lens, dist, read_slots, offsets, accepted;
   StepInputs in;
   in.qkv = raw_view(qkv, "qkv");
   in.a = raw_view(a, "a");
@@ -264,6 +265,9 @@ void step(const Raw& qkv, const Raw& a, const Raw& b, const Raw& conv_weight, co
   in.distribution = index_view(distribution, dist, "distribution");
   in.read_state_indices = index_view(read_state_indices, read_slots, "read_state_indices");
   in.read_offsets = index_view(read_offsets, offsets, "read_offsets");
+  // vLLM's speculative layout: the block table as given (int64, any strides).
+  in.spec_state_indices = raw_view(spec_state_indices, "spec_state_indices");
+  in.num_accepted_tokens = index_view(num_accepted_tokens, accepted, "num_accepted_tokens");
   StepOptions options;
   options.hk = hk;
   options.hv = hv;

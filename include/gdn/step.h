@@ -49,9 +49,10 @@
 // The decode windows (s < decode_end, 1 to 1 + n tokens, n = num_spec) keep their states as
 // vLLM's spec-aware GDN path does: the conv state in one rolling buffer per sequence, the
 // recurrent state after each window position in a slot of the sequence's block-table row.
-//   spec_state_indices   int64 [N, 1 + n]  window s's block-table row (any strides); rows of
-//                                          prefills and padding are not read
-//   num_accepted_tokens  int64 [N]         a = num_accepted_tokens[s] in [1, 1 + n]: the
+//   spec_state_indices   int64 [R, 1 + n]  window s's block-table row (any strides); R from
+//                                          decode_end (vLLM's, the windows' rows alone) to
+//                                          N (rows from decode_end on are not read)
+//   num_accepted_tokens  int64 [R]         a = num_accepted_tokens[s] in [1, 1 + n]: the
 //                                          tokens of s's previous window that were accepted
 //                                          (1 after a prefill or a plain decode)
 //   conv_state           [num_slots, K - 1 + n, D]: the rolling buffer, columns oldest first
@@ -114,8 +115,8 @@ struct StepInputs {
   TensorView read_state_indices;  // optional, int64 [N]
   // vLLM's speculative layout (above): both present or both absent (initialised, so that
   // brace lists that end before them stay valid).
-  TensorView spec_state_indices = {};   // int64 [N, 1 + num_spec]
-  TensorView num_accepted_tokens = {};  // int64 [N]
+  TensorView spec_state_indices = {};   // int64 [R, 1 + num_spec], decode_end <= R <= N
+  TensorView num_accepted_tokens = {};  // int64 [R]
 };
 
 // The state pools, updated in place, contiguous:

@@ -247,7 +247,8 @@ void write_spec_conv_states(const StepInputs& in, const Pool<Real>& pool, const 
     for (std::int64_t r = 0; r < k - 2 + q; ++r) {
       const std::int64_t j = r + 1 - (k - 1);  // window input j; negative: history row k - 1 + j
       for (std::int64_t c = 0; c < d; ++c) {
-        store(buffer + r * d + c, j < 0 ? h[(k - 1 + j) * d + c] : element<Real>(in.qkv, t0 + j, c));
+        store(buffer + r * d + c,
+              j < 0 ? h[(k - 1 + j) * d + c] : element<Real>(in.qkv, t0 + j, c));
       }
     }
   }
@@ -513,7 +514,8 @@ void spec_parts(const StatePools& pools, const ValidatedStep& v, bool reads, Vis
     visit(detail::NamedTensor{"conv_state", part, -1, slot});
   };
   auto rec = [&](std::int64_t slot) {
-    visit(detail::NamedTensor{"recurrent_state", rows(pools.recurrent_state, slot, slot + 1), -1, slot});
+    visit(detail::NamedTensor{"recurrent_state", rows(pools.recurrent_state, slot, slot + 1), -1,
+                              slot});
   };
   for (std::int64_t s = 0; s < v.mixed_end; ++s) {
     const std::int64_t t0 = v.query_start[s], t1 = v.query_start[s + 1];
@@ -589,9 +591,8 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
                   {"dt_bias", inputs.dt_bias}},
                  Written::nothing);
     if (v.spec_layout) {
-      spec_parts(pools, v, true, [&](const detail::NamedTensor& part) {
-        check_finite({part}, Written::nothing);
-      });
+      spec_parts(pools, v, true,
+                 [&](const detail::NamedTensor& part) { check_finite({part}, Written::nothing); });
       spec_parts(pools, v, false, [&](const detail::NamedTensor& part) {
         backup.save(rows(pools_view(pools, part.name), part.first_row, part.first_row + 1));
       });
@@ -601,8 +602,7 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
         if (read >= 0) check_slots(read, 1, Written::nothing);
       }
       for (std::int64_t s = 0; s < v.mixed_end; ++s) {
-        backup.save(
-            rows(pools.conv_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
+        backup.save(rows(pools.conv_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
         backup.save(
             rows(pools.recurrent_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
       }

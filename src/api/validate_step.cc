@@ -59,21 +59,26 @@ void expect_pool(const char* name, const MutableTensorView& pool, int rank, cons
   }
 }
 
-// The speculative layout's block table, int64 [N, row] (any strides), row-major.
+// The speculative layout's block table, int64 [R, row] with R <= n (any strides), row-major.
 std::vector<std::int64_t> spec_table(const TensorView& view, std::int64_t n, std::int64_t row,
                                      const std::string& n_is) {
   const char* name = "spec_state_indices";
   if (view.rank != 2) {
-    fail(name, "a rank-2 array [N, 1 + num_spec] (each decode window's block-table row)",
+    fail(name, "a rank-2 array [R, 1 + num_spec] (each decode window's block-table row)",
          "rank " + std::to_string(view.rank) + ", " + shape_of(view));
   }
-  expect_shape(name, view, 2, {n, row, 0, 0}, "[N, 1 + num_spec] = [N, " + std::to_string(row) +
-                                                  "]" + n_is);
+  const std::int64_t rows = view.sizes[0];
+  if (rows < 0 || rows > n || view.sizes[1] != row) {
+    fail(name,
+         "[R, 1 + num_spec] = [R, " + std::to_string(row) + "], R at most N" + n_is +
+             " (a row for each decode window)",
+         shape_of(view));
+  }
   expect_dtype(name, view, DType::i64, "");
   check_extent(name, view);
-  std::vector<std::int64_t> values(static_cast<std::size_t>(n * row));
+  std::vector<std::int64_t> values(static_cast<std::size_t>(rows * row));
   const auto* data = static_cast<const std::int64_t*>(view.data);
-  for (std::int64_t s = 0; s < n; ++s) {
+  for (std::int64_t s = 0; s < rows; ++s) {
     for (std::int64_t t = 0; t < row; ++t)
       values[static_cast<std::size_t>(s * row + t)] =
           data[s * view.strides[0] + t * view.strides[1]];
@@ -217,11 +222,17 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
   const bool read_indices = in.read_state_indices.present();
   if (read_indices)
     read_base = index_values("read_state_indices", in.read_state_indices, n, "[N]" + n_is);
-  std::vector<std::int64_t> accepted, table;  // the speculative layout's, table [N][1 + n]
+  // The speculative layout's block table [R][1 + n] (R from decode_end to N: a row for each
+  // window) and accepted counts [R].
+  std::vector<std::int64_t> accepted, table;
   const std::int64_t row = 1 + options.num_spec;
+  std::int64_t table_rows = 0;
   if (spec) {
-    accepted = index_values("num_accepted_tokens", in.num_accepted_tokens, n, "[N]" + n_is);
     table = spec_table(in.spec_state_indices, n, row, n_is);
+    table_rows = in.spec_state_indices.sizes[0];
+    accepted = index_values(
+        "num_accepted_tokens", in.num_accepted_tokens, table_rows,
+        "[R] with R = " + std::to_string(table_rows) + " (the rows of spec_state_indices)");
   }
   // Tokamax's padded batches carry distribution values past N (its own tests pass N = 1 with
   // [0, 0, 3]) and clamp them to N; clamping here accepts exactly those, nothing else.
@@ -254,6 +265,12 @@ void validate_step(const StepInputs& in, const StatePools& pools, const MutableT
          at("query_start_loc", live) + " = " + std::to_string(qsl[static_cast<std::size_t>(live)]));
   }
   r.decode_end = dist[0];
+  if (spec && table_rows < r.decode_end) {
+    fail("spec_state_indices",
+         "a row for each decode window: at least decode_end = " + std::to_string(r.decode_end) +
+             " rows",
+         shape_of(in.spec_state_indices));
+  }
   r.mixed_end = live;
   r.query_start.assign(qsl.begin(), qsl.begin() + live + 1);
   r.write_slot.assign(static_cast<std::size_t>(live), 0);

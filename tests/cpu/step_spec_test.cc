@@ -45,7 +45,8 @@ struct SpecCase {
   bool bf16_conv_pool = false, bf16_rec_pool = false;
   std::vector<Window> windows;
   std::vector<Other> others;
-  std::int64_t padding = 0;  // padding sequences (garbage metadata)
+  std::int64_t padding = 0;       // padding sequences (garbage metadata)
+  bool window_rows_only = false;  // spec_state_indices and num_accepted_tokens: [decode_end]
   std::uint64_t seed = 1;
   std::int64_t channels() const { return 2 * hk * dk + hv * dv; }
   std::int64_t columns() const { return taps - 1 + num_spec; }
@@ -95,8 +96,9 @@ struct SpecStep {
     in.state_indices = TensorView(state_indices.data(), {n});
     in.seq_lens = TensorView(seq_lens.data(), {n});
     in.distribution = TensorView(distribution.data(), {3});
-    in.spec_state_indices = TensorView(table.data(), {n, 1 + c.num_spec});
-    in.num_accepted_tokens = TensorView(accepted.data(), {n});
+    const std::int64_t rows = c.window_rows_only ? distribution[0] : n;
+    in.spec_state_indices = TensorView(table.data(), {rows, 1 + c.num_spec});
+    in.num_accepted_tokens = TensorView(accepted.data(), {rows});
     return in;
   }
   StepOptions options() const {
@@ -169,8 +171,9 @@ struct Pools {
 
 // Random pools; slot 0 (the null slot) NaN.
 Pools make_pools(const SpecCase& c) {
-  Pools p{Tensor(c.bf16_conv_pool ? DType::bf16 : c.dtype, {c.num_slots, c.columns(), c.channels()}),
-          Tensor(c.bf16_rec_pool ? DType::bf16 : c.dtype, {c.num_slots, c.hv, c.dk, c.dv})};
+  Pools p{
+      Tensor(c.bf16_conv_pool ? DType::bf16 : c.dtype, {c.num_slots, c.columns(), c.channels()}),
+      Tensor(c.bf16_rec_pool ? DType::bf16 : c.dtype, {c.num_slots, c.hv, c.dk, c.dv})};
   test::Random rng(c.seed * 7919 + 3);
   for (std::int64_t i = 0; i < p.conv.numel(); ++i) set_value(p.conv, i, rng.normal());
   for (std::int64_t i = 0; i < p.rec.numel(); ++i) set_value(p.rec, i, 0.5 * rng.normal());
@@ -180,8 +183,8 @@ Pools make_pools(const SpecCase& c) {
 }
 
 struct Expected {
-  Tensor out;               // f64 [T, Hv Dv]
-  Tensor conv, rec;         // f64 pools after the step
+  Tensor out;        // f64 [T, Hv Dv]
+  Tensor conv, rec;  // f64 pools after the step
   std::set<std::int64_t> live_rows, conv_written, rec_written;
 };
 
@@ -208,9 +211,15 @@ Expected oracle(const SpecStep& p, const Tensor& conv0, const Tensor& rec0) {
   };
   // One run of ref::fused_gdn_fwd over tokens [t0, t0 + count) from the given states.
   auto run = [&](std::int64_t t0, std::int64_t count, const Tensor& conv, const Tensor& rec) {
-    return ref::fused_gdn_fwd(LayerInputs{value_rows(qkv, t0, count), value_rows(a, t0, count),
-                                          value_rows(b, t0, count), w.view(), bias.view(),
-                                          a_log.view(), dt_bias.view(), conv.view(), rec.view(),
+    return ref::fused_gdn_fwd(LayerInputs{value_rows(qkv, t0, count),
+                                          value_rows(a, t0, count),
+                                          value_rows(b, t0, count),
+                                          w.view(),
+                                          bias.view(),
+                                          a_log.view(),
+                                          dt_bias.view(),
+                                          conv.view(),
+                                          rec.view(),
                                           {}},
                               o);
   };
@@ -302,7 +311,9 @@ Tensor slots(const Tensor& pool, const std::set<std::int64_t>& index) {
   return r;
 }
 
-Tensor out_rows(const Tensor& out, const std::set<std::int64_t>& index) { return slots(out, index); }
+Tensor out_rows(const Tensor& out, const std::set<std::int64_t>& index) {
+  return slots(out, index);
+}
 
 // A bf16 slot carries one rounding more than a float32 one (tests/cpu/step_harness.h).
 double tolerance_of(const Tensor& got, const Tensor& want, double tolerance) {
@@ -325,14 +336,14 @@ void expect_matches(const Expected& want, const Tensor& out, const Pools& got, c
                            tolerance_of(got.rec, wr, tolerance), "recurrent_state, " + what));
   for (std::int64_t x = 0; x < got.conv.size(0); ++x) {
     if (!want.conv_written.count(x)) {
-      EXPECT_TRUE(test::bit_identical(slots(got.conv, {x}), slots(conv0, {x}),
-                                      "conv_state slot " + std::to_string(x) + " (not written), " +
-                                          what));
+      EXPECT_TRUE(
+          test::bit_identical(slots(got.conv, {x}), slots(conv0, {x}),
+                              "conv_state slot " + std::to_string(x) + " (not written), " + what));
     }
     if (!want.rec_written.count(x)) {
-      EXPECT_TRUE(test::bit_identical(slots(got.rec, {x}), slots(rec0, {x}),
-                                      "recurrent_state slot " + std::to_string(x) +
-                                          " (not written), " + what));
+      EXPECT_TRUE(test::bit_identical(
+          slots(got.rec, {x}), slots(rec0, {x}),
+          "recurrent_state slot " + std::to_string(x) + " (not written), " + what));
     }
   }
   const std::int64_t width = out.size(1);
@@ -433,8 +444,7 @@ TEST(CpuStepSpeculative, AcceptedOneAndAllInEveryWindow) {
 
 TEST(CpuStepSpeculative, FiveStepsInARowWithVaryingAcceptedCountsAndLengths) {
   // Each step's accepted count at most the previous step's window length, as an engine's.
-  check_steps(mixed_case(),
-              {{1, 1, 1, 1}, {3, 4, 2, 1}, {2, 1, 3, 1}, {4, 2, 1, 1}, {1, 3, 2, 1}},
+  check_steps(mixed_case(), {{1, 1, 1, 1}, {3, 4, 2, 1}, {2, 1, 3, 1}, {4, 2, 1, 1}, {1, 3, 2, 1}},
               {{4, 4, 2, 1}, {4, 4, 3, 1}, {4, 2, 1, 2}, {1, 3, 2, 4}, {4, 4, 4, 4}});
 }
 
@@ -450,6 +460,13 @@ TEST(CpuStepSpeculative, PaddingSequencesWriteNothing) {
   SpecCase c = mixed_case();
   c.padding = 3;
   check_steps(c, {{1, 4, 2, 3}, {2, 3, 1, 1}});
+}
+
+TEST(CpuStepSpeculative, BlockTableOfTheWindowsAloneAsVllmPassesIt) {
+  SpecCase c = mixed_case();
+  c.window_rows_only = true;
+  c.padding = 2;
+  check_steps(c, {{1, 4, 2, 3}, {3, 2, 1, 1}});
 }
 
 TEST(CpuStepSpeculative, Bf16PoolsMatchOracle) {
@@ -548,45 +565,81 @@ struct Refusal {
 
 TEST(CpuStepSpeculative, EveryRefusalNamesItsArgumentAndWritesNothing) {
   const std::vector<Refusal> refusals = {
-      {"NumAcceptedAbsent", "num_accepted_tokens", {"present with spec_state_indices"},
+      {"NumAcceptedAbsent",
+       "num_accepted_tokens",
+       {"present with spec_state_indices"},
        [](SpecStep&, Pools&, std::vector<std::int64_t>& flags) { flags[0] = 1; }},
-      {"SpecStateIndicesAbsent", "spec_state_indices", {"present with num_accepted_tokens"},
+      {"SpecStateIndicesAbsent",
+       "spec_state_indices",
+       {"present with num_accepted_tokens"},
        [](SpecStep&, Pools&, std::vector<std::int64_t>& flags) { flags[1] = 1; }},
-      {"ReadOffsetsGiven", "read_offsets", {"absent in the speculative layout"},
+      {"ReadOffsetsGiven",
+       "read_offsets",
+       {"absent in the speculative layout"},
        [](SpecStep&, Pools&, std::vector<std::int64_t>& flags) { flags[2] = 1; }},
-      {"ReadStateIndicesGiven", "read_state_indices", {"absent in the speculative layout"},
+      {"ReadStateIndicesGiven",
+       "read_state_indices",
+       {"absent in the speculative layout"},
        [](SpecStep&, Pools&, std::vector<std::int64_t>& flags) { flags[3] = 1; }},
-      {"ConvPoolWithoutSpecColumns", "conv_state", {"[num_slots, K - 1 + num_spec, D]", "[32, 6, 128]"},
+      {"ConvPoolWithoutSpecColumns",
+       "conv_state",
+       {"[num_slots, K - 1 + num_spec, D]", "[32, 6, 128]"},
        [](SpecStep&, Pools& pools, std::vector<std::int64_t>&) {
          pools.conv = Tensor(DType::f32, {32, 3, 128});
        }},
-      {"TableOfWrongWidth", "spec_state_indices", {"[N, 1 + num_spec] = [N, 4]"},
+      {"TableOfWrongWidth",
+       "spec_state_indices",
+       {"[R, 1 + num_spec] = [R, 4], R at most N", "[7, 3]"},
        [](SpecStep&, Pools&, std::vector<std::int64_t>& flags) { flags[4] = 1; }},
-      {"AcceptedZero", "num_accepted_tokens", {"1 to 1 + num_spec = 4", "num_accepted_tokens[2] = 0"},
+      {"TableShorterThanWindows",
+       "spec_state_indices",
+       {"at least decode_end = 4 rows", "[3, 4]"},
+       [](SpecStep&, Pools&, std::vector<std::int64_t>& flags) { flags[5] = 1; }},
+      {"AcceptedOfAnotherLength",
+       "num_accepted_tokens",
+       {"[R] with R = 4", "given [7]"},
+       [](SpecStep&, Pools&, std::vector<std::int64_t>& flags) { flags[6] = 1; }},
+      {"AcceptedZero",
+       "num_accepted_tokens",
+       {"1 to 1 + num_spec = 4", "num_accepted_tokens[2] = 0"},
        [](SpecStep& p, Pools&, std::vector<std::int64_t>&) { p.accepted[2] = 0; }},
-      {"AcceptedPastWindow", "num_accepted_tokens", {"num_accepted_tokens[0] = 5"},
+      {"AcceptedPastWindow",
+       "num_accepted_tokens",
+       {"num_accepted_tokens[0] = 5"},
        [](SpecStep& p, Pools&, std::vector<std::int64_t>&) { p.accepted[0] = 5; }},
-      {"WindowWritesNullSlot", "spec_state_indices", {"a slot in [1, 32)", "spec_state_indices[1, 2] = 0"},
+      {"WindowWritesNullSlot",
+       "spec_state_indices",
+       {"a slot in [1, 32)", "spec_state_indices[1, 2] = 0"},
        [](SpecStep& p, Pools&, std::vector<std::int64_t>&) { p.table[1 * 4 + 2] = 0; }},
-      {"WindowSlotPastPool", "spec_state_indices", {"spec_state_indices[0, 3] = 32"},
+      {"WindowSlotPastPool",
+       "spec_state_indices",
+       {"spec_state_indices[0, 3] = 32"},
        [](SpecStep& p, Pools&, std::vector<std::int64_t>&) { p.table[0 * 4 + 3] = 32; }},
-      {"ReadColumnOutOfRange", "spec_state_indices",
+      {"ReadColumnOutOfRange",
+       "spec_state_indices",
        {"the state it starts from", "spec_state_indices[3, 2] = -1"},
        [](SpecStep& p, Pools&, std::vector<std::int64_t>&) {
          p.accepted[3] = 3;  // window 3 has one token, reads column 2
          p.table[3 * 4 + 2] = -1;
        }},
-      {"TwoWindowsWriteOneSlot", "spec_state_indices", {"both write slot 17"},
+      {"TwoWindowsWriteOneSlot",
+       "spec_state_indices",
+       {"both write slot 17"},
        [](SpecStep& p, Pools&, std::vector<std::int64_t>&) { p.table[1 * 4 + 3] = 17; }},
-      {"PrefillWritesAWindowSlot", "state_indices", {"both write slot 26"},
+      {"PrefillWritesAWindowSlot",
+       "state_indices",
+       {"both write slot 26"},
        [](SpecStep& p, Pools&, std::vector<std::int64_t>&) { p.state_indices[4] = 26; }},
-      {"WindowReadsASlotAPrefillWrites", "spec_state_indices",
+      {"WindowReadsASlotAPrefillWrites",
+       "spec_state_indices",
        {"a read slot that no other live sequence writes", "reads slot 20"},
        [](SpecStep& p, Pools&, std::vector<std::int64_t>&) {
          p.accepted[3] = 2;  // window 3 has one token, reads column 1
          p.table[3 * 4 + 1] = 20;
        }},
-      {"WindowLongerThanSpec", "query_start_loc", {"decodes of 1 to 1 + num_spec = 4 tokens"},
+      {"WindowLongerThanSpec",
+       "query_start_loc",
+       {"decodes of 1 to 1 + num_spec = 4 tokens"},
        [](SpecStep& p, Pools&, std::vector<std::int64_t>&) {
          p.distribution = {5, 5, 7};  // the 9-token continuation counted as a window
        }},
@@ -595,7 +648,7 @@ TEST(CpuStepSpeculative, EveryRefusalNamesItsArgumentAndWritesNothing) {
     SpecCase c = mixed_case();
     SpecStep p = make_step(c);
     Pools pools = make_pools(c);
-    std::vector<std::int64_t> flags(5, 0);
+    std::vector<std::int64_t> flags(7, 0);
     r.breaks(p, pools, flags);
     const Tensor conv0 = clone(pools.conv), rec0 = clone(pools.rec);
     std::vector<std::int64_t> narrow(p.table.size(), 3);
@@ -608,6 +661,11 @@ TEST(CpuStepSpeculative, EveryRefusalNamesItsArgumentAndWritesNothing) {
           if (flags[2]) in.read_offsets = TensorView(offsets.data(), {p.n});
           if (flags[3]) in.read_state_indices = TensorView(offsets.data(), {p.n});
           if (flags[4]) in.spec_state_indices = TensorView(narrow.data(), {p.n, 3});
+          if (flags[5]) {
+            in.spec_state_indices = TensorView(p.table.data(), {3, 4});
+            in.num_accepted_tokens = TensorView(p.accepted.data(), {3});
+          }
+          if (flags[6]) in.spec_state_indices = TensorView(p.table.data(), {4, 4});
           Tensor out(DType::f32, {p.tokens, c.hv * c.dv});
           fused_gdn_step(in, pools.view(), out.mutable_view(), p.options());
         },
