@@ -153,5 +153,5 @@ def test_opcheck_fused_gdn_step():
     layer = Layer(tokens=6)
     args = (layer.qkv, layer.a, layer.b, layer.w, layer.bias, layer.A_log, layer.dt_bias,
             layer.conv_pool, layer.ssm_pool, torch.tensor([2, 3, -1]), torch.tensor([0, 1, 6, 6]),
-            torch.tensor([True, False, False]), HK, HV, DK, DV, 0)
+            torch.tensor([True, False, False]), None, None, HK, HV, DK, DV, 0)
     torch.library.opcheck(torch.ops.gdn.fused_gdn_step.default, args)

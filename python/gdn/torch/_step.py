@@ -47,8 +47,8 @@ def step(qkv: Tensor, a: Tensor, b: Tensor, conv_weight: Tensor, conv_bias: Opti
         _gdn.step(raw(qkv), raw(a), raw(b), raw(conv_weight), raw(conv_bias), raw(A_log),
                   raw(dt_bias), raw(conv_state), raw(ssm_state), raw(query_start_loc),
                   raw(state_indices), raw(seq_lens), raw(distribution), raw(read_state_indices),
-                  raw(read_offsets), raw(out), num_k_heads, num_v_heads, head_k_dim, head_v_dim,
-                  num_spec, library_threads(threads), False)
+                  raw(read_offsets), None, None, raw(out), num_k_heads, num_v_heads,
+                  head_k_dim, head_v_dim, num_spec, library_threads(threads), False)
     return out
 
 
@@ -59,22 +59,24 @@ def _(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, 
     return qkv.new_empty((qkv.shape[0], num_v_heads * head_v_dim))
 
 
-def _conv_pool(conv_state: Tensor, conv_weight: Tensor, qkv: Tensor) -> Tensor:
-    """The conv pool as the library's [num_slots, K - 1, D]: vLLM's [num_slots, D, K - 1] view of
-    such memory is seen through its transpose; any other [num_slots, D, K - 1] tensor is refused
-    here, in the caller's layout (the library would describe the transpose)."""
+def _conv_pool(conv_state: Tensor, conv_weight: Tensor, qkv: Tensor, num_spec: int = 0) -> Tensor:
+    """The conv pool as the library's [num_slots, K - 1 + num_spec, D]: vLLM's [num_slots, D,
+    K - 1 + num_spec] view of such memory is seen through its transpose; any other such tensor is
+    refused here, in the caller's layout (the library would describe the transpose)."""
     if conv_state.dim() != 3 or conv_weight.dim() < 1 or qkv.dim() < 1:
         return conv_state  # the library names what is wrong
     slots, channels, taps = conv_state.shape[0], qkv.shape[-1], conv_weight.shape[-1]
-    if tuple(conv_state.shape[1:]) != (channels, taps - 1) or taps - 1 == channels:
+    columns = taps - 1 + num_spec
+    if tuple(conv_state.shape[1:]) != (channels, columns) or columns == channels:
         return conv_state
     library = conv_state.transpose(1, 2)
     if not library.is_contiguous():
-        vllm = [(taps - 1) * channels, 1, channels]
+        vllm = [columns * channels, 1, channels]
+        what = "K - 1 + num_spec" if num_spec else "K - 1"
         raise ValueError(
-            f"gdn: argument 'conv_state': expected a contiguous [num_slots, K - 1, D] = "
-            f"[{slots}, {taps - 1}, {channels}] pool, or vLLM's [num_slots, D, K - 1] view of one "
-            f"(strides {vllm}), given [{slots}, {channels}, {taps - 1}] with strides "
+            f"gdn: argument 'conv_state': expected a contiguous [num_slots, {what}, D] = "
+            f"[{slots}, {columns}, {channels}] pool, or vLLM's [num_slots, D, {what}] view of "
+            f"one (strides {vllm}), given [{slots}, {channels}, {columns}] with strides "
             f"{list(conv_state.stride())}")
     return library
 
@@ -86,7 +88,7 @@ def _index(x: Tensor, name: str) -> None:
 
 
 def _batch(initial_state_indices: Tensor, cu_seqlens: Tensor,
-           has_initial_state: Optional[Tensor], tokens: int):
+           has_initial_state: Optional[Tensor], tokens: int, windows: Optional[int] = None):
     """Tokamax's metadata (gdn/step.h) for sglang's / vLLM's batch description: (seq_lens,
     distribution). Its own rules are checked here, in its names: padding after every live
     sequence, and the live sequences' boundaries (from 0, each at least one token, at most T),
@@ -122,8 +124,15 @@ def _batch(initial_state_indices: Tensor, cu_seqlens: Tensor,
                              f"(the tokens of qkv), given cu_seqlens[{s + 1}] = {cu[s + 1]}")
     lengths = [cu[s + 1] - cu[s] for s in range(live)]
     # Leading one-token continuations are labelled decodes; the library runs every one-token
-    # sequence through the decode kernel whatever its label, so the label changes no bit.
+    # sequence through the decode kernel whatever its label, so the label changes no bit. In
+    # the speculative layout the decodes are the windows, the block table's rows.
     decode_end = next((s for s in range(live) if lengths[s] != 1 or not has[s]), live)
+    if windows is not None:
+        if windows > live:
+            raise ValueError(f"gdn: argument 'spec_state_indices': expected a row for each "
+                             f"speculative window, the first R of the N = {n} sequences, at "
+                             f"most the {live} live ones, given {windows} rows")
+        decode_end = windows
     # A sequence has history when its total length exceeds its new tokens; padding entries are
     # never read.
     seq_lens = [length + int(h) for length, h in zip(lengths, has)] + [0] * (n - live)
@@ -136,28 +145,36 @@ def _batch(initial_state_indices: Tensor, cu_seqlens: Tensor,
 def fused_step(qkv: Tensor, a: Tensor, b: Tensor, conv_weight: Tensor, conv_bias: Optional[Tensor],
                A_log: Tensor, dt_bias: Tensor, conv_state: Tensor, ssm_state: Tensor,
                initial_state_indices: Tensor, cu_seqlens: Tensor,
-               has_initial_state: Optional[Tensor], num_k_heads: int, num_v_heads: int,
+               has_initial_state: Optional[Tensor], spec_state_indices: Optional[Tensor],
+               num_accepted_tokens: Optional[Tensor], num_k_heads: int, num_v_heads: int,
                head_k_dim: int, head_v_dim: int, threads: int) -> Tensor:
     """The serving step with sglang's / vLLM's batch description (``fused_gdn_step``'s): the
     description is read and checked and the C++ step called when the op runs, in eager mode and
     in a compiled graph alike, so that every error is the same ValueError in both."""
     out = torch.empty((qkv.shape[0], num_v_heads * head_v_dim), dtype=qkv.dtype)
+    # vLLM's speculative layout: the block table's rows are the windows, its width 1 + num_spec
+    # (the library checks the rest, in its names: both given, shapes, slots, counts).
+    table = spec_state_indices
+    if table is not None and table.dim() == 2 and table.dtype == torch.int32:
+        table = table.to(torch.int64)
+    spec = table is not None and table.dim() == 2
+    num_spec = table.shape[1] - 1 if spec and table.shape[1] > 0 else 0
     seq_lens, distribution = _batch(initial_state_indices, cu_seqlens, has_initial_state,
-                                    qkv.shape[0])
-    pool = _conv_pool(conv_state, conv_weight, qkv)
+                                    qkv.shape[0], table.shape[0] if spec else None)
+    pool = _conv_pool(conv_state, conv_weight, qkv, num_spec)
     with library_names(_FUSED_NAMES):
         _gdn.step(raw(qkv), raw(a), raw(b), raw(conv_weight), raw(conv_bias), raw(A_log),
                   raw(dt_bias), raw(pool), raw(ssm_state), raw(cu_seqlens),
                   raw(initial_state_indices), raw(seq_lens), raw(distribution), None, None,
-                  raw(out), num_k_heads, num_v_heads, head_k_dim, head_v_dim, 0,
-                  library_threads(threads), False)
+                  raw(table), raw(num_accepted_tokens), raw(out), num_k_heads, num_v_heads,
+                  head_k_dim, head_v_dim, num_spec, library_threads(threads), False)
     return out
 
 
 @fused_step.register_fake
 def _(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state,
-      initial_state_indices, cu_seqlens, has_initial_state, num_k_heads, num_v_heads, head_k_dim,
-      head_v_dim, threads):
+      initial_state_indices, cu_seqlens, has_initial_state, spec_state_indices,
+      num_accepted_tokens, num_k_heads, num_v_heads, head_k_dim, head_v_dim, threads):
     return qkv.new_empty((qkv.shape[0], num_v_heads * head_v_dim))
 
 
@@ -175,6 +192,8 @@ def fused_gdn_step(
     has_initial_state: Optional[Tensor] = None,
     *,
     conv_bias: Optional[Tensor] = None,
+    spec_state_indices: Optional[Tensor] = None,
+    num_accepted_tokens: Optional[Tensor] = None,
     num_k_heads: int,
     num_v_heads: int,
     head_k_dim: int,
@@ -211,6 +230,15 @@ def fused_gdn_step(
       num_k_heads, num_v_heads, head_k_dim, head_v_dim: the head layout (Hv a multiple of Hk).
       threads: CPU threads: 0 (the default) = ``torch.get_num_threads()``, read when the op
         runs; a larger count is clamped to it. Results do not depend on it.
+      spec_state_indices, num_accepted_tokens: vLLM's speculative layout (gdn/step.h), both or
+        neither: int32 / int64 [R, 1 + n] and [R]. The first R sequences are decode windows of
+        1 to 1 + n tokens (their initial_state_indices entries are not read); window s starts
+        from the recurrent state in slot ``spec_state_indices[s, a - 1]``, a =
+        ``num_accepted_tokens[s]`` in [1, 1 + n], and from columns [a - 1, a + K - 2) of its
+        conv buffer, slot ``spec_state_indices[s, 0]`` of a conv_state of K - 1 + n columns;
+        it writes the recurrent state after token t to ``spec_state_indices[s, t]`` and the
+        conv state after token t to columns [t, t + K - 1). The other sequences use columns
+        [0, K - 1) of their conv slot, as vLLM's spec-aware path does.
 
     Returns:
       out [T, Hv Dv] in qkv's dtype (q and k L2-normalised, scale Dk ** -0.5).
@@ -218,8 +246,17 @@ def fused_gdn_step(
     Bad input raises ValueError naming the argument, and leaves both pools as they were. The
     batch description is read and checked when the op (``torch.ops.gdn.fused_gdn_step``) runs,
     so under ``torch.compile(fullgraph=True)`` a bad slot or boundary raises the same ValueError
-    as in eager mode. For speculative decoding windows, prefix caching (read one slot, write
-    another) and Tokamax's metadata, call ``torch.ops.gdn.step`` directly.
+    as in eager mode. For Tokamax's speculative windows (consecutive slots), prefix caching
+    (read one slot, write another) and Tokamax's metadata, call ``torch.ops.gdn.step`` directly.
+
+    vLLM's speculative layout (two windows of n = 2 drafts, then a prefill)::
+
+        out = gdn.torch.fused_gdn_step(qkv, a, b, conv_weight, A_log, dt_bias, conv_buffers,
+                                       ssm_pool, slots, cu_seqlens, has_initial_state,
+                                       spec_state_indices=torch.tensor([[3, 4, 5], [6, 7, 8]]),
+                                       num_accepted_tokens=torch.tensor([1, 3]),
+                                       num_k_heads=16, num_v_heads=32, head_k_dim=128,
+                                       head_v_dim=128)
 
     Example::
 
@@ -231,7 +268,8 @@ def fused_gdn_step(
     check_devices(qkv=qkv, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
                   conv_state=conv_state, ssm_state=ssm_state,
                   initial_state_indices=initial_state_indices, cu_seqlens=cu_seqlens,
-                  has_initial_state=has_initial_state, conv_bias=conv_bias)
+                  has_initial_state=has_initial_state, conv_bias=conv_bias,
+                  spec_state_indices=spec_state_indices, num_accepted_tokens=num_accepted_tokens)
     threads = static_int(threads, "threads")
     heads = tuple(static_int(x, name) for x, name in (
         (num_k_heads, "num_k_heads"), (num_v_heads, "num_v_heads"), (head_k_dim, "head_k_dim"),
@@ -245,5 +283,11 @@ def fused_gdn_step(
         raise ValueError(f"gdn: argument 'has_initial_state': expected a bool tensor [N] = "
                          f"[{initial_state_indices.shape[0]}] or None, given "
                          f"{type(has_initial_state).__name__}")
+    for name, x in (("spec_state_indices", spec_state_indices),
+                    ("num_accepted_tokens", num_accepted_tokens)):
+        if x is not None and not isinstance(x, Tensor):
+            raise ValueError(f"gdn: argument '{name}': expected an int32 or int64 tensor or None, "
+                             f"given {type(x).__name__}")
     return fused_step(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state,
-                      initial_state_indices, cu_seqlens, has_initial_state, *heads, threads)
+                      initial_state_indices, cu_seqlens, has_initial_state, spec_state_indices,
+                      num_accepted_tokens, *heads, threads)
