@@ -37,3 +37,22 @@ def qwen3_next(path, seed=0):
     _spread_gates(model)
     model.to(torch.bfloat16).save_pretrained(path)
     return config
+
+
+def qwen3_5(path, seed=0):
+    """Qwen3.5 (dense, text only): three GatedDeltaNet layers and one full-attention layer, the
+    same GDN shapes as ``qwen3_next``, [q | k | v | z] projections (no interleaving)."""
+    from transformers.models.qwen3_5 import configuration_qwen3_5, modeling_qwen3_5
+    config = configuration_qwen3_5.Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=128, num_hidden_layers=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention",
+                     "full_attention"],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+        linear_value_head_dim=64, linear_conv_kernel_dim=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, max_position_embeddings=1024,
+        tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = modeling_qwen3_5.Qwen3_5ForCausalLM(config).eval()
+    _spread_gates(model)
+    model.to(torch.bfloat16).save_pretrained(path)
+    return config
