@@ -402,11 +402,13 @@ const std::vector<Rule>& rules() {
       {"PoolsOverlapEachOther",
        "conv_state",
        {"memory that does not overlap 'recurrent_state'"},
-       [](StepCall& c) { c.pools.recurrent_state.data = c.pools.conv_state.data; }},
+       // The conv pool (fewer bytes) inside the recurrent pool's buffer: no other overlap.
+       [](StepCall& c) { c.pools.conv_state.data = c.pools.recurrent_state.data; }},
       {"ConvPoolOverlapsQkv",
        "conv_state",
        {"does not overlap the input 'qkv'"},
-       [](StepCall& c) { c.pools.conv_state.data = const_cast<void*>(c.in.qkv.data); }},
+       // qkv (fewer bytes) inside the conv pool's buffer: no other overlap.
+       [](StepCall& c) { c.in.qkv.data = c.pools.conv_state.data; }},
       // out, and outputs overlapping inputs.
       {"OutRows", "out", {"[T, Hv Dv]", "[16, 64]"}, [](StepCall& c) { c.out_view.sizes[0] = 16; }},
       {"OutAbsent", "out", {"absent"}, [](StepCall& c) { c.out_view = {}; }},
