@@ -65,20 +65,24 @@ void copy(Real* to, const Real* from, std::int64_t n) {
   if (n > 0) std::memcpy(to, from, static_cast<std::size_t>(n) * sizeof(Real));
 }
 
-// A pool as slot blocks (validated contiguous), of the compute type Real or bf16.
+// A pool as slot blocks, of the compute type Real or bf16: each slot dense, slots `stride`
+// elements apart (validated: at least a slot, so they never overlap; vLLM's pages pad them and
+// interleave two pools). Slots are read and written where they are, never gathered.
 template <class Real>
 struct Pool {
   std::byte* data;
   bool bf16;
-  std::int64_t slot;  // elements per slot
+  std::int64_t slot;    // elements per slot
+  std::int64_t stride;  // elements from a slot to the next
 
   explicit Pool(const MutableTensorView& p)
       : data(static_cast<std::byte*>(p.data)), bf16(p.dtype == DType::bf16), slot(p.sizes[1]) {
     for (int i = 2; i < p.rank; ++i) slot *= p.sizes[i];
+    stride = p.sizes[0] > 1 ? p.strides[0] : slot;  // one slot: its stride is never used
   }
-  Real* typed(std::int64_t x) const { return reinterpret_cast<Real*>(data) + x * slot; }
+  Real* typed(std::int64_t x) const { return reinterpret_cast<Real*>(data) + x * stride; }
   std::uint16_t* half(std::int64_t x) const {
-    return reinterpret_cast<std::uint16_t*>(data) + x * slot;
+    return reinterpret_cast<std::uint16_t*>(data) + x * stride;
   }
   // Slot x, widened.
   void read(std::int64_t x, Real* to) const {
@@ -174,13 +178,13 @@ void write_conv_states(const StepInputs& in, const Pool<Real>& pool, const Valid
   for (std::int64_t s = first; s < last; ++s) {
     const std::int64_t len = v.query_start[s + 1] - v.query_start[s];
     const std::int64_t read = v.read_slot[s], first_write = v.write_slot[s];
-    const Elem* history = read >= 0 ? base + read * pool.slot : nullptr;
+    const Elem* history = read >= 0 ? base + read * pool.stride : nullptr;
     if (history != nullptr && len > 1 && read >= first_write && read < first_write + len) {
       saved.assign(history, history + pool.slot);
       history = saved.data();
     }
     for (std::int64_t t = 0; t < len; ++t) {
-      Elem* to = base + (first_write + t) * pool.slot;
+      Elem* to = base + (first_write + t) * pool.stride;
       for (std::int64_t r = 0; r + 1 < k; ++r) {
         const std::int64_t j = t - (k - 2) + r;  // input index within the window
         if (j < 0) {
@@ -262,6 +266,7 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   } else {
     conv.state_in = k > 1 ? static_cast<const std::byte*>(conv_pool.data) : nullptr;
     conv.state_block = read_slot;
+    conv.state_stride = conv_pool.stride;
   }
   conv.xh = static_cast<std::byte*>(xh.raw());
   cpu::conv_forward(conv, o.isa, o.threads);
@@ -295,7 +300,7 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   p.beta = static_cast<const std::byte*>(beta.raw());
   p.state_dtype = pools.recurrent_state.dtype;
   p.state = rec_pool.data;
-  p.slot_elements = rec_pool.slot;
+  p.slot_stride = rec_pool.stride;
   // 16-bit out: the decode kernel writes float32 rows, rounded into out once.
   const std::int64_t width = hv * o.dv;
   Tensor out32 = narrow ? Tensor(dtype, {tokens, width}) : Tensor{};
@@ -436,10 +441,12 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
       const std::int64_t read = v.read_slot[s];
       if (read >= 0) check_slots(read, 1, Written::nothing);
     }
+    // Slot by slot: each is one dense block (one copy), whatever the pools' slot stride.
     for (std::int64_t s = 0; s < v.mixed_end; ++s) {
-      backup.save(rows(pools.conv_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
-      backup.save(
-          rows(pools.recurrent_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
+      for (std::int64_t x = v.write_slot[s]; x < v.write_slot[s] + v.slots_written(s); ++x) {
+        backup.save(rows(pools.conv_state, x, x + 1));
+        backup.save(rows(pools.recurrent_state, x, x + 1));
+      }
     }
   }
   restoring_on_error(backup, [&] {
