@@ -241,6 +241,22 @@ void conv_backward(const Raw& x, const Raw& weight, const Raw& bias, const Raw& 
   }
 }
 
+// The conv op's decode step on a caller-owned pool of conv states, updated in place
+// (gdn/conv.h's conv_update); int32 index arrays are widened.
+void conv_update(const Raw& x, const Raw& weight, const Raw& bias, const Raw& cu_seqlens,
+                 const Raw& state_indices, const Raw& conv_state, const Raw& out, bool silu,
+                 int threads) {
+  std::vector<std::int64_t> cu, slots;
+  const ConvUpdateInputs in{raw_view(x, "x"), raw_view(weight, "weight"), raw_view(bias, "bias"),
+                            index_view(cu_seqlens, cu, "cu_seqlens"),
+                            index_view(state_indices, slots, "state_indices")};
+  const MutableTensorView pool = raw_view(conv_state, "conv_state");
+  const MutableTensorView o = output_view(out, "out");
+  const ConvOptions options = conv_options(silu, threads);
+  nb::gil_scoped_release released;
+  gdn::conv_update(in, pool, o, options);
+}
+
 // The serving step (gdn/step.h) over caller-owned pools, updated in place; int32 index arrays
 // are widened. reference=True runs gdn::ref::fused_gdn_step (float64 everything).
 void step(const Raw& qkv, const Raw& a, const Raw& b, const Raw& conv_weight, const Raw& conv_bias,
@@ -301,6 +317,9 @@ void define_direct_calls(nb::module_& m) {
   m.def("conv_backward", &conv_backward,
         "The conv op's backward on caller-owned memory; reference=True runs its float64 "
         "reference.");
+  m.def("conv_update", &conv_update,
+        "The conv op's decode step on a caller-owned pool of conv states, updated in place "
+        "(gdn/conv.h's conv_update).");
   m.def("step", &step,
         "The serving step over caller-owned state pools, updated in place (gdn/step.h); "
         "reference=True runs its float64 reference.");

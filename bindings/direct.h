@@ -5,7 +5,8 @@
 
 namespace gdn::bindings {
 
-// Adds core_forward, core_backward, conv_forward, conv_backward and step to the module.
+// Adds core_forward, core_backward, conv_forward, conv_backward, conv_update and step to the
+// module.
 void define_direct_calls(nanobind::module_& m);
 
 }  // namespace gdn::bindings

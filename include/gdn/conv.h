@@ -84,6 +84,33 @@ struct ConvBackwardResult {
 ConvBackwardResult causal_conv1d_bwd(const ConvBackwardInputs& inputs,
                                      const ConvOptions& options = {});
 
+// A decode step of the conv on a pool of conv states, the pool updated in place (what the
+// causal-conv1d package's causal_conv1d_update computes): sequence s's new tokens continue the
+// raw inputs kept in its slot, and the slot then keeps its last S inputs, the new ones included.
+//   x              [T, D] the sequences' new tokens, packed; f32, f64, bf16 or f16, any strides
+//   weight, bias   as ConvInputs (the compute dtype)
+//   cu_seqlens     int64 [N + 1], optional (absent: one sequence of T tokens)
+//   state_indices  int64 [N], optional (absent: slot s for sequence s): distinct slots in
+//                  [0, num_slots)
+struct ConvUpdateInputs {
+  TensorView x, weight, bias, cu_seqlens, state_indices;
+};
+
+// conv_state [num_slots, S, D], S >= K - 1: each slot's last S raw inputs, oldest first (the
+// conv reads the last K - 1). f32, f64, bf16 or f16 whatever x's dtype: read into the compute
+// dtype; each new input is stored rounded once to the pool's dtype. Read and written where it
+// lies, slot by slot (no copy of the pool): each slot one dense block, channel-last ([S, D]
+// row-major, strides (*, D, 1): the serving step's layout and vLLM's) or channel-first ([D, S]
+// row-major, strides (*, 1, S): the package's [B, D, S] seen as [B, S, D]); the slot stride any
+// number of elements from one slot up (0 with one slot), the base any aligned address, so a pool
+// may be a strided view of padded pages (gdn/step.h). out [T, D]: x's dtype, any strides.
+// A sequence with no token leaves its slot as it is. Other inner strides, slots that share
+// memory, out or the pool sharing a byte with each other or an input, a slot out of range or
+// used twice throw gdn::InvalidArgument before anything is written. Bit-identical to
+// causal_conv1d_fwd from the slots' last K - 1 inputs, whatever the slot stride.
+void conv_update(const ConvUpdateInputs& inputs, const MutableTensorView& conv_state,
+                 const MutableTensorView& out, const ConvOptions& options = {});
+
 namespace ref {
 // The float64 reference: plain loops in float64, outputs f64, the same validation.
 void causal_conv1d_fwd(const ConvInputs& inputs, const ConvOutputs& outputs,

@@ -80,7 +80,7 @@
 // live sequence writes, two live sequences writing the same slot, a live query_start_loc entry
 // that decreases or runs past T, a decode with no token or more than 1 + num_spec, a live
 // prefill with no token, seq_lens[s] below the query length, a negative or misordered
-// distribution, a pool dtype outside the rule below, or a shape or dtype mismatch (in the
+// distribution, a pool dtype or layout outside the rule below, or a shape or dtype mismatch (in the
 // speculative layout also a num_accepted_tokens entry of a live window outside [1, 1 + n], a
 // window slot spec_state_indices[s, t] (t < q, and a - 1 when it has history) outside
 // [1, num_slots), or read_state_indices or read_offsets given) throws
@@ -119,10 +119,19 @@ struct StepInputs {
   TensorView num_accepted_tokens = {};  // int64 [R]
 };
 
-// The state pools, updated in place, contiguous:
+// The state pools, updated in place, slot by slot where they are (no copy of a pool):
 //   conv_state       [num_slots, K - 1, D]: each slot's last K - 1 raw inputs, oldest first
 //                    ([num_slots, K - 1 + num_spec, D] in the speculative layout)
 //   recurrent_state  [num_slots, Hv, Dk, Dv]
+// Each slot is one dense block: the inner dimensions have a contiguous tensor's strides
+// ((D, 1) and (Dk Dv, Dv, 1)). The slot stride (dim 0) is any number of elements from one
+// slot up, and the base any address aligned to the element, so the two pools may interleave
+// in one buffer: vLLM's hybrid allocator gives each slot's conv and recurrent state one padded
+// page (e.g. conv strides (294912, 2048, 1) bf16 and recurrent strides (147456, 16384, 128, 1)
+// f32 at storage offset 3072). With num_slots = 1 the slot stride is never used (0 is fine).
+// Other inner strides, a negative slot stride or one below a slot (slots sharing memory), or
+// pools that share a byte with each other, with out or with an input throw
+// gdn::InvalidArgument.
 // Dtypes: f64 inputs take f64 pools only. Otherwise (f32, bf16 or f16 qkv) each pool is f32
 // (the default) or bf16 (Tokamax's default), independently of the other and of qkv. The
 // compute is float32 either way: a bf16 slot is read into float32, and a state is rounded to

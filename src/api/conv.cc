@@ -5,6 +5,7 @@
 #include "gdn/conv.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "api/conv_parts.h"
 #include "api/validate.h"
@@ -105,7 +106,95 @@ void conv_backward(const ConvBackwardInputs& in, const ConvBackwardOutputs& out,
                                      out.d_initial_state);
 }
 
+// conv_update (gdn/conv.h): the conv from each slot's last K - 1 inputs, then the slots
+// shifted in place. A channel-last pool of the compute dtype is read by the kernel where it lies
+// (its slots as state blocks, slot_stride apart); any other pool's last K - 1 rows per sequence
+// are widened into a small buffer first. The conv reads every history before any slot is
+// written.
+template <class Real>
+void conv_update_cpu(const ConvUpdateInputs& in, const MutableTensorView& pool,
+                     const MutableTensorView& out, const ConvOptions& options,
+                     const detail::ValidatedConvUpdate& u) {
+  const detail::ValidatedConv& v = u.conv;
+  const std::int64_t k = v.taps, d = v.channels, rows = u.rows;
+  const auto n = static_cast<std::int64_t>(v.sequences.size());
+  const bool direct = contiguous_rows(out, v.compute_dtype);
+  detail::ConvBuffers b;
+  detail::prepare_conv<Real>(in.x, in.weight, in.bias, TensorView{}, v.sequences, k,
+                             v.compute_dtype, true, direct ? static_cast<Real*>(out.data) : nullptr,
+                             &b);
+  b.problem.silu = options.activation == ConvActivation::silu;
+  const auto elem = static_cast<std::int64_t>(dtype_size(pool.dtype));
+  auto* base = static_cast<std::byte*>(pool.data);
+  const bool in_place = pool.dtype == v.compute_dtype && u.channel_stride == 1;
+  Tensor history;
+  if (k > 1 && in_place) {
+    b.problem.state_in = base + (rows - (k - 1)) * d * elem;
+    b.problem.state_block = u.slots.data();
+    b.problem.state_stride = u.slot_stride;
+  } else if (k > 1) {
+    history = Tensor(v.compute_dtype, {n, k - 1, d});
+    Real* h = static_cast<Real*>(history.raw());
+    for (std::int64_t s = 0; s < n; ++s) {
+      for (std::int64_t r = 0; r + 1 < k; ++r) {
+        const std::int64_t at = u.slots[s] * u.slot_stride + (rows - (k - 1) + r) * u.row_stride;
+        for (std::int64_t c = 0; c < d; ++c)
+          h[(s * (k - 1) + r) * d + c] = detail::element<Real>(pool, at + c * u.channel_stride);
+      }
+    }
+    b.problem.state_in = static_cast<const std::byte*>(history.raw());
+  }
+  cpu::conv_forward(b.problem, options.isa, options.threads);
+  if (!direct) from_rows<Real>(static_cast<const Real*>(b.xh.raw()), out);
+  // Row r of a slot becomes input L - S + r of its sequence: a new token, or the old row r + L
+  // (rows in increasing order, so each old row is read before it is written).
+  const bool pool_rows = u.channel_stride == 1;
+  const bool x_rows = pool_rows && in.x.strides[1] == 1 && in.x.dtype == pool.dtype;
+  for (std::int64_t s = 0; s < n; ++s) {
+    const detail::Sequence& seq = v.sequences[static_cast<std::size_t>(s)];
+    const std::int64_t len = seq.length, slot = u.slots[s] * u.slot_stride;
+    if (len == 0) continue;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t j = len - rows + r, to = slot + r * u.row_stride;
+      if (j < 0) {
+        const std::int64_t from = slot + (r + len) * u.row_stride;
+        if (pool_rows) {
+          std::memmove(base + to * elem, base + from * elem, static_cast<std::size_t>(d * elem));
+        } else {
+          for (std::int64_t c = 0; c < d; ++c) {
+            std::memcpy(base + (to + c * u.channel_stride) * elem,
+                        base + (from + c * u.channel_stride) * elem,
+                        static_cast<std::size_t>(elem));
+          }
+        }
+      } else if (x_rows) {
+        std::memcpy(
+            base + to * elem,
+            static_cast<const std::byte*>(in.x.data) + (seq.start + j) * in.x.strides[0] * elem,
+            static_cast<std::size_t>(d * elem));
+      } else {
+        for (std::int64_t c = 0; c < d; ++c) {
+          detail::store_element<Real>(pool, to + c * u.channel_stride,
+                                      detail::read_at<Real>(in.x, seq.start + j, c));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void conv_update(const ConvUpdateInputs& inputs, const MutableTensorView& conv_state,
+                 const MutableTensorView& out, const ConvOptions& options) {
+  detail::ValidatedConvUpdate u;
+  detail::validate_conv_update(inputs, conv_state, out, options, &u);
+  const cpu::SubnormalsAsZero mode;
+  if (u.conv.compute_dtype == DType::f64) {
+    conv_update_cpu<double>(inputs, conv_state, out, options, u);
+  } else {
+    conv_update_cpu<float>(inputs, conv_state, out, options, u);
+  }
+}
 
 void causal_conv1d_fwd(const ConvInputs& inputs, const ConvOutputs& outputs,
                        const ConvOptions& options) {

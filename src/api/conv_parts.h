@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "api/layer_parts.h"
-#include "api/problem.h"
+#include "common/kernel_problem.h"
 #include "gdn/tensor.h"
 
 namespace gdn::detail {

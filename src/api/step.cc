@@ -67,8 +67,10 @@ void copy(Real* to, const Real* from, std::int64_t n) {
 }
 
 // A pool as slot blocks, of the compute type Real or bf16: each slot dense, slots `stride`
-// elements apart (the speculative layout's prefills see the first K - 1 columns of each
-// K - 1 + n wide conv buffer as a pool of their own).
+// elements apart (validated: at least a slot, so they never overlap; vLLM's pages pad them and
+// interleave two pools). Slots are read and written where they are, never gathered. The
+// speculative layout's other sequences see the first K - 1 columns of each K - 1 + n wide
+// conv buffer as a pool of their own (first_conv_columns).
 template <class Real>
 struct Pool {
   std::byte* data;
@@ -302,7 +304,7 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   const bool windows = v.spec_layout && first < v.decode_end;
   Tensor history;
   std::vector<std::int64_t> history_block;
-  if (k > 1 && (conv_pool.bf16 || windows || conv_pool.stride != conv_pool.slot)) {
+  if (k > 1 && (conv_pool.bf16 || windows)) {
     history = Tensor(dtype, {n, k - 1, d});
     history_block.assign(static_cast<std::size_t>(n), -1);
     Real* h = static_cast<Real*>(history.raw());
@@ -322,6 +324,7 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   } else {
     conv.state_in = k > 1 ? static_cast<const std::byte*>(conv_pool.data) : nullptr;
     conv.state_block = read_slot;
+    conv.state_stride = conv_pool.stride;
   }
   conv.xh = static_cast<std::byte*>(xh.raw());
   cpu::conv_forward(conv, o.isa, o.threads);
@@ -363,7 +366,7 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   p.beta = static_cast<const std::byte*>(beta.raw());
   p.state_dtype = pools.recurrent_state.dtype;
   p.state = rec_pool.data;
-  p.slot_elements = rec_pool.slot;
+  p.slot_stride = rec_pool.stride;
   // 16-bit out: the decode kernel writes float32 rows, rounded into out once.
   const std::int64_t width = hv * o.dv;
   Tensor out32 = narrow ? Tensor(dtype, {tokens, width}) : Tensor{};
@@ -601,10 +604,12 @@ void fused_gdn_step(const StepInputs& inputs, const StatePools& pools, const Mut
         const std::int64_t read = v.read_slot[s];
         if (read >= 0) check_slots(read, 1, Written::nothing);
       }
+      // Slot by slot: each is one dense block (one copy), whatever the pools' slot stride.
       for (std::int64_t s = 0; s < v.mixed_end; ++s) {
-        backup.save(rows(pools.conv_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
-        backup.save(
-            rows(pools.recurrent_state, v.write_slot[s], v.write_slot[s] + v.slots_written(s)));
+        for (std::int64_t x = v.write_slot[s]; x < v.write_slot[s] + v.slots_written(s); ++x) {
+          backup.save(rows(pools.conv_state, x, x + 1));
+          backup.save(rows(pools.recurrent_state, x, x + 1));
+        }
       }
     }
   }

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "api/problem.h"
+#include "common/kernel_problem.h"
 #include "gdn/backward.h"
 #include "gdn/conv.h"
 #include "gdn/forward.h"
@@ -164,5 +164,19 @@ void validate_conv_forward(const ConvInputs& inputs, const ConvOutputs& outputs,
 void validate_conv_backward(const ConvBackwardInputs& inputs, const ConvBackwardOutputs& outputs,
                             const ConvOptions& options, OutputPrecision precision,
                             ValidatedConv* result);
+
+// A validated conv_update (gdn/conv.h): the conv's facts, and the pool's: its rows S, each
+// sequence's slot, and the pool's strides in elements (inner ones normalised: a channel-last
+// slot has (row, channel) = (D, 1), a channel-first one (1, S); one slot: slot = S D).
+struct ValidatedConvUpdate {
+  ValidatedConv conv;
+  std::int64_t rows = 0;
+  std::int64_t slot_stride = 0, row_stride = 0, channel_stride = 0;
+  std::vector<std::int64_t> slots;
+};
+
+void validate_conv_update(const ConvUpdateInputs& inputs, const MutableTensorView& conv_state,
+                          const MutableTensorView& out, const ConvOptions& options,
+                          ValidatedConvUpdate* result);
 
 }  // namespace gdn::detail

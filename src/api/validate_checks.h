@@ -48,8 +48,8 @@ void check_rank(const char* name, const View& view) {
   }
 }
 
-// A dtype of the enum, sizes non-negative, the element count and the byte offset of the farthest element
-// representable in int64, and a non-null pointer aligned to the element size.
+// A dtype of the enum, sizes non-negative, the element count and the byte offset of the farthest
+// element representable in int64, and a non-null pointer aligned to the element size.
 template <class View>
 void check_extent(const char* name, const View& view) {
   if (dtype_size(view.dtype) == 0) {  // a value outside the enum (found by fuzz/)
@@ -280,6 +280,38 @@ inline void check_aliasing(const std::vector<NamedOutput>& outputs,
              "overlapping address ranges");
       }
     }
+  }
+}
+
+// A pool of state slots [num_slots, ...] that an op reads and writes in place, slot by slot:
+// each slot's inner dimensions dense row-major (one block of `slot` elements), the slot stride
+// (dim 0) any number of elements from one slot up (vLLM's hybrid allocator pads each slot to a
+// page shared with another pool's slot, with a storage offset: the base only needs the element
+// alignment check_extent checks), so that no two slots share an element. With one slot its
+// stride is never used: any value, 0 included.
+template <class View>
+void check_pool_slots(const char* name, const View& pool) {
+  const int rank = pool.rank;
+  const Dims dense = contiguous_strides(pool.sizes, rank);
+  Dims want = pool.strides;  // dim 0 as given; the inner dims row-major
+  bool inner = true;
+  for (int i = 1; i < rank; ++i) {
+    want[i] = dense[i];
+    inner &= pool.sizes[i] <= 1 || pool.strides[i] == dense[i];
+  }
+  if (!inner) {
+    fail(name,
+         "each slot contiguous (row-major inner dimensions), strides " + shape_string(rank, want) +
+             " for sizes " + shape_of(pool) + " (any slot stride of at least one slot)",
+         "strides " + shape_string(rank, pool.strides));
+  }
+  const std::int64_t slot = dense[0];  // elements per slot
+  if (pool.sizes[0] > 1 && pool.strides[0] < slot) {
+    fail(name,
+         "a slot stride (dim 0) of at least one slot, " + std::to_string(slot) +
+             " elements, so that slots do not overlap (0 only with num_slots = 1)",
+         "stride " + std::to_string(pool.strides[0]) + " with " + std::to_string(pool.sizes[0]) +
+             " slots");
   }
 }
 

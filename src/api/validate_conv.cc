@@ -1,6 +1,8 @@
 // validate_conv.cc: argument checks of the conv op (gdn/conv.h). Same rules and messages as
 // the layer op's conv arguments (validate.cc); nothing is written before all checks pass.
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "api/validate.h"
 #include "api/validate_checks.h"
@@ -116,6 +118,93 @@ void validate_conv_backward(const ConvBackwardInputs& in, const ConvBackwardOutp
                   {"d_bias", &out.d_bias},
                   {"d_initial_state", &out.d_initial_state}},
                  inputs, {});
+}
+
+void validate_conv_update(const ConvUpdateInputs& in, const MutableTensorView& pool,
+                          const MutableTensorView& out, const ConvOptions& options,
+                          ValidatedConvUpdate* result) {
+  ValidatedConvUpdate& r = *result;
+  const ConvInputs conv{in.x, in.weight, in.bias, TensorView{}, in.cu_seqlens};
+  validate_conv_inputs(conv, options, &r.conv);
+  const ValidatedConv& v = r.conv;
+  const auto n = static_cast<std::int64_t>(v.sequences.size());
+  check_rank("conv_state", pool);
+  const std::string what = "[num_slots, S, D] with S >= K - 1 = " + std::to_string(v.taps - 1) +
+                           " and D = " + std::to_string(v.channels);
+  if (!pool.present() || pool.rank != 3 || pool.sizes[0] < 1 || pool.sizes[1] < v.taps - 1 ||
+      pool.sizes[2] != v.channels) {
+    fail("conv_state", "a pool " + what, shape_of(pool));
+  }
+  if (pool.dtype != DType::f32 && pool.dtype != DType::f64 && pool.dtype != DType::bf16 &&
+      pool.dtype != DType::f16) {
+    fail("conv_state", "dtype f32, f64, bf16 or f16", dtype_name(pool.dtype));
+  }
+  check_extent("conv_state", pool);
+  // Each slot one dense block, in either order; a size-1 dimension's stride is never used.
+  const std::int64_t rows = pool.sizes[1], d = v.channels, slot = rows * d;
+  const bool channel_last = (d <= 1 || pool.strides[2] == 1) && (rows <= 1 || pool.strides[1] == d);
+  const bool channel_first =
+      (rows <= 1 || pool.strides[1] == 1) && (d <= 1 || pool.strides[2] == rows);
+  if (!channel_last && !channel_first) {
+    fail("conv_state",
+         "each slot one dense block: strides [*, " + std::to_string(d) +
+             ", 1] (channel-last) or [*, 1, " + std::to_string(rows) + "] (channel-first)",
+         "strides " + shape_string(3, pool.strides) + " for sizes " + shape_of(pool));
+  }
+  if (pool.sizes[0] > 1 && pool.strides[0] < slot) {
+    fail("conv_state",
+         "a slot stride (dim 0) of at least one slot, " + std::to_string(slot) +
+             " elements, so that slots do not overlap (0 only with num_slots = 1)",
+         "stride " + std::to_string(pool.strides[0]) + " with " + std::to_string(pool.sizes[0]) +
+             " slots");
+  }
+  r.rows = rows;
+  r.slot_stride = pool.sizes[0] > 1 ? pool.strides[0] : slot;
+  r.row_stride = channel_last ? d : 1;
+  r.channel_stride = channel_last ? 1 : rows;
+  // The slots: given, or 0 .. N - 1; in range, each written by one sequence.
+  const std::int64_t slots = pool.sizes[0];
+  r.slots.assign(static_cast<std::size_t>(n), 0);
+  check_rank("state_indices", in.state_indices);
+  if (in.state_indices.present()) {
+    const TensorView& si = in.state_indices;
+    expect_shape("state_indices", si, 1, {n, 0, 0, 0},
+                 "[N] with N = " + std::to_string(n) + " (the sequences of cu_seqlens)");
+    expect_dtype("state_indices", si, DType::i64, "");
+    check_extent("state_indices", si);
+    for (std::int64_t s = 0; s < n; ++s)
+      r.slots[static_cast<std::size_t>(s)] =
+          static_cast<const std::int64_t*>(si.data)[s * si.strides[0]];
+  } else {
+    if (slots < n) {
+      fail("conv_state",
+           "at least N = " + std::to_string(n) +
+               " slots without state_indices (slot s for sequence s)",
+           shape_of(pool));
+    }
+    for (std::int64_t s = 0; s < n; ++s) r.slots[static_cast<std::size_t>(s)] = s;
+  }
+  // A map, not a vector of num_slots: the pool's size must not decide the validation's memory.
+  std::unordered_map<std::int64_t, std::int64_t> owner;
+  for (std::int64_t s = 0; s < n; ++s) {
+    const std::int64_t x = r.slots[static_cast<std::size_t>(s)];
+    if (x < 0 || x >= slots) {
+      fail("state_indices", "a slot in [0, " + std::to_string(slots) + ") (num_slots)",
+           "state_indices[" + std::to_string(s) + "] = " + std::to_string(x));
+    }
+    const auto [it, fresh] = owner.try_emplace(x, s);
+    if (!fresh) {
+      fail("state_indices", "a distinct slot for every sequence",
+           "sequences " + std::to_string(it->second) + " and " + std::to_string(s) +
+               " both update slot " + std::to_string(x));
+    }
+  }
+  check_rank("out", out);
+  expect_output("out", out, 2, {v.tokens, v.channels, 0, 0}, "[T, D] (that of x)", v.dtype,
+                " (the dtype of x)", true);
+  std::vector<NamedInput> inputs = named_conv_inputs(conv);
+  inputs.emplace_back("state_indices", &in.state_indices);
+  check_aliasing({{"out", &out}, {"conv_state", &pool}}, inputs, {});
 }
 
 }  // namespace gdn::detail

@@ -31,8 +31,9 @@ std::string at(const char* name, std::int64_t i) {
   return std::string(name) + "[" + std::to_string(i) + "]";
 }
 
-// A pool: the given shape, contiguous (slots are whole blocks); f64 for f64 inputs, else f32
-// or bf16 (float32 compute, a bf16 state rounded once per write: gdn/step.h).
+// A pool: the given shape; f64 for f64 inputs, else f32 or bf16 (float32 compute, a bf16
+// state rounded once per write: gdn/step.h). Read and written in place, slot by slot, so each
+// slot must be one dense row-major block, and the slots must not overlap (pool_slots).
 void expect_pool(const char* name, const MutableTensorView& pool, int rank, const Dims& sizes,
                  const std::string& what, DType inputs) {
   check_rank(name, pool);
@@ -50,13 +51,7 @@ void expect_pool(const char* name, const MutableTensorView& pool, int rank, cons
          dtype_name(pool.dtype));
   }
   check_extent(name, pool);
-  const Dims dense = contiguous_strides(pool.sizes, rank);
-  for (int i = 0; i < rank; ++i) {
-    if (pool.sizes[i] > 1 && pool.strides[i] != dense[i]) {
-      fail(name, "a contiguous (row-major) pool, strides " + shape_string(rank, dense),
-           shape_string(rank, pool.strides));
-    }
-  }
+  check_pool_slots(name, pool);
 }
 
 // The speculative layout's block table, int64 [R, row] with R <= n (any strides), row-major.

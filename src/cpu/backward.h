@@ -1,7 +1,7 @@
 // backward.h: the CPU backend's entry point for a validated backward problem.
 #pragma once
 
-#include "api/problem.h"
+#include "common/kernel_problem.h"
 #include "gdn/plan.h"
 #include "gdn/runtime.h"
 

@@ -24,6 +24,15 @@
 // the last K inputs and the last K dy in registers and the gradients accumulated in registers
 // over each sub-block.
 
+// Row K - 1 + j (j < 0) of block `block` of the conv states: blocks state_stride elements apart
+// (a pool's slot stride), or packed.
+template <class Real>
+inline const Real* conv_state_row(const detail::ConvProblem& p, std::int64_t block,
+                                  std::int64_t j) {
+  const std::int64_t stride = p.state_stride != 0 ? p.state_stride : (p.taps - 1) * p.channels;
+  return reinterpret_cast<const Real*>(p.state_in) + block * stride + (p.taps - 1 + j) * p.channels;
+}
+
 // row = input j of sequence s over all channels: x[start + j] (j >= 0) or conv state row
 // K - 1 + j (zeros when absent), converted, zero padded to cpad.
 template <class Real, class In>
@@ -45,9 +54,7 @@ inline void conv_input_row(const detail::ConvProblem& p, std::int64_t s, std::in
     fill<Real>(row, p.cpad, 0);
   } else {
     const std::int64_t block = p.state_block != nullptr ? p.state_block[s] : s;
-    const Real* src = reinterpret_cast<const Real*>(p.state_in) +
-                      (block * (p.taps - 1) + p.taps - 1 + j) * p.channels;
-    gather_row(row, src, 1, p.channels, p.cpad);
+    gather_row(row, conv_state_row<Real>(p, block, j), 1, p.channels, p.cpad);
   }
 }
 
@@ -140,8 +147,7 @@ void conv_forward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_
       if (j >= 0 && in_place) {
         rows[r] = x + (seq.start + j) * p.x_token;
       } else if (j < 0 && whole == channels && state_block >= 0) {
-        rows[r] = reinterpret_cast<const Real*>(p.state_in) +
-                  (state_block * (K - 1) + K - 1 + j) * channels;
+        rows[r] = conv_state_row<Real>(p, state_block, j);
       } else {
         conv_input_row<Real, In>(p, s, j, stage + r * cp);
         rows[r] = stage + r * cp;

@@ -130,8 +130,8 @@ void decode_item(const detail::DecodeProblem& p, std::int64_t item, std::byte* w
     const Real alpha = static_cast<Real>(__builtin_exp(static_cast<double>(g[row * p.hv + h])));
     const Real beta = beta_of[row * p.hv + h];
     const std::int64_t read = t == 0 ? p.read_slot[s] : slot_after(t - 1);
-    State* dst = pool + slot_after(t) * p.slot_elements + head;
-    const State* src = read < 0 ? nullptr : pool + read * p.slot_elements + head;
+    State* dst = pool + slot_after(t) * p.slot_stride + head;
+    const State* src = read < 0 ? nullptr : pool + read * p.slot_stride + head;
     if constexpr (widened) {
       const bool carry = t + 1 < tokens;
       if (n % W != 0) {

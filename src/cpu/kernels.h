@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "api/problem.h"
+#include "common/kernel_problem.h"
 #include "gdn/runtime.h"
 
 namespace gdn::cpu {

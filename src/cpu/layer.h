@@ -2,7 +2,7 @@
 // driver of a serving step.
 #pragma once
 
-#include "api/problem.h"
+#include "common/kernel_problem.h"
 #include "gdn/runtime.h"
 
 namespace gdn::cpu {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "api/problem.h"
+#include "common/kernel_problem.h"
 #include "gdn/plan.h"
 
 namespace gdn::cpu {

@@ -12,7 +12,7 @@
 #include <immintrin.h>  // non-temporal stores (simd-inl.h: stream); static inline functions
 #endif
 
-#include "api/problem.h"
+#include "common/kernel_problem.h"
 #include "common/half_bits.h"
 #include "cpu/kernels.h"
 #include "cpu/profile.h"

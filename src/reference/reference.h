@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "api/problem.h"
+#include "common/kernel_problem.h"
 #include "api/validate.h"
 #include "common/half_bits.h"
 #include "common/work_items.h"

@@ -12,6 +12,7 @@
 #include <limits>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/validation.h"
@@ -364,13 +365,50 @@ const std::vector<Rule>& rules() {
        "recurrent_state",
        {"state pools"},
        [](StepCall& c) { StepCall::wrong_pool_dtype(c.pools.recurrent_state, 4, true); }},
-      {"RecurrentPoolNotContiguous",
+      // The pools' layout: each slot dense, slots apart by at least a slot, pools apart from
+      // each other and from every input (a padded slot stride is fine: step_strided_test.cc).
+      {"RecurrentPoolInnerDimsNotContiguous",
        "recurrent_state",
-       {"a contiguous (row-major) pool"},
+       {"each slot contiguous (row-major inner dimensions), strides [1024, 256, 16, 1]",
+        "strides [1024, 256, 1, 16]"},
        [](StepCall& c) {
-         c.pools.recurrent_state.sizes[0] = 6;
-         c.pools.recurrent_state.strides[0] *= 2;
+         std::swap(c.pools.recurrent_state.strides[2], c.pools.recurrent_state.strides[3]);
        }},
+      {"ConvPoolInnerDimsNotContiguous",
+       "conv_state",
+       {"each slot contiguous (row-major inner dimensions), strides [384, 128, 1]",
+        "strides [384, 1, 3]"},
+       [](StepCall& c) {
+         c.pools.conv_state.strides[1] = 1;
+         c.pools.conv_state.strides[2] = 3;
+       }},
+      {"RecurrentPoolSlotStrideBelowASlot",
+       "recurrent_state",
+       {"a slot stride (dim 0) of at least one slot, 1024 elements", "stride 1008 with 12 slots"},
+       [](StepCall& c) { c.pools.recurrent_state.strides[0] = 1008; }},
+      {"ConvPoolSlotStrideZeroWithManySlots",
+       "conv_state",
+       {"0 only with num_slots = 1", "stride 0 with 12 slots"},
+       [](StepCall& c) { c.pools.conv_state.strides[0] = 0; }},
+      {"ConvPoolSlotStrideNegative",
+       "conv_state",
+       {"a slot stride (dim 0) of at least one slot, 384 elements", "stride -384 with 12 slots"},
+       [](StepCall& c) {
+         MutableTensorView& v = c.pools.conv_state;
+         v.data =
+             static_cast<char*>(v.data) + 11 * 384 * static_cast<std::int64_t>(dtype_size(v.dtype));
+         v.strides[0] = -384;
+       }},
+      {"PoolsOverlapEachOther",
+       "conv_state",
+       {"memory that does not overlap 'recurrent_state'"},
+       // The conv pool (fewer bytes) inside the recurrent pool's buffer: no other overlap.
+       [](StepCall& c) { c.pools.conv_state.data = c.pools.recurrent_state.data; }},
+      {"ConvPoolOverlapsQkv",
+       "conv_state",
+       {"does not overlap the input 'qkv'"},
+       // qkv (fewer bytes) inside the conv pool's buffer: no other overlap.
+       [](StepCall& c) { c.in.qkv.data = c.pools.conv_state.data; }},
       // out, and outputs overlapping inputs.
       {"OutRows", "out", {"[T, Hv Dv]", "[16, 64]"}, [](StepCall& c) { c.out_view.sizes[0] = 16; }},
       {"OutAbsent", "out", {"absent"}, [](StepCall& c) { c.out_view = {}; }},

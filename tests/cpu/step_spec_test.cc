@@ -520,6 +520,53 @@ TEST(CpuStepSpeculative, BitIdenticalAcrossThreadCounts) {
   }
 }
 
+// vLLM's hybrid pages: each slot's conv buffer and recurrent state in one padded page, the
+// two pools interleaved at a storage offset (docs: include/gdn/step.h, any slot stride). The
+// step on such pools gives the bytes it gives on dense ones, and touches no padding.
+TEST(CpuStepSpeculative, InterleavedPagesGiveTheDensePoolsBytes) {
+  SpecCase c = mixed_case();
+  const SpecStep p = make_step(c);
+  Pools dense = make_pools(c);
+  const std::int64_t conv_slot = slot_numel(dense.conv), rec_slot = slot_numel(dense.rec);
+  const std::int64_t page = conv_slot + rec_slot + 24, offset = 8;  // elements (float32)
+  std::vector<float> pages(static_cast<std::size_t>(offset + c.num_slots * page), -3.5f);
+  for (std::int64_t x = 0; x < c.num_slots; ++x) {
+    std::memcpy(&pages[offset + x * page], dense.conv.data<float>() + x * conv_slot,
+                conv_slot * sizeof(float));
+    std::memcpy(&pages[offset + x * page + conv_slot], dense.rec.data<float>() + x * rec_slot,
+                rec_slot * sizeof(float));
+  }
+  const std::vector<float> before = pages;
+  const std::int64_t d = c.channels(), cols = c.columns();
+  const StatePools strided{
+      MutableTensorView(&pages[offset], DType::f32, 3, {c.num_slots, cols, d, 0}, {page, d, 1, 0}),
+      MutableTensorView(&pages[offset + conv_slot], DType::f32, 4, {c.num_slots, c.hv, c.dk, c.dv},
+                        {page, c.dk * c.dv, c.dv, 1})};
+  for (CpuIsa isa : test::runnable_isas()) {
+    StepOptions o = p.options();
+    o.isa = isa;
+    Pools want{clone(dense.conv), clone(dense.rec)};
+    const Tensor want_out = run(p, want, o);
+    std::vector<float> got = before;
+    const std::ptrdiff_t shift = got.data() - pages.data();
+    StatePools views = strided;
+    views.conv_state.data = static_cast<float*>(views.conv_state.data) + shift;
+    views.recurrent_state.data = static_cast<float*>(views.recurrent_state.data) + shift;
+    Tensor out(DType::f32, {p.tokens, c.hv * c.dv});
+    fused_gdn_step(p.inputs(), views, out.mutable_view(), o);
+    EXPECT_TRUE(test::bit_identical(out, want_out, std::string("out, ") + cpu_isa_name(isa)));
+    for (std::int64_t x = 0; x < c.num_slots; ++x) {
+      const float* at = &got[offset + x * page];
+      EXPECT_EQ(std::memcmp(at, want.conv.data<float>() + x * conv_slot, conv_slot * 4), 0)
+          << "conv slot " << x;
+      EXPECT_EQ(std::memcmp(at + conv_slot, want.rec.data<float>() + x * rec_slot, rec_slot * 4), 0)
+          << "recurrent slot " << x;
+      for (std::int64_t i = conv_slot + rec_slot; i < page && x + 1 < c.num_slots; ++i)
+        ASSERT_EQ(at[i], -3.5f) << "padding of page " << x;
+    }
+  }
+}
+
 // Check mode: a window whose output overflows throws after the step wrote its slots; every
 // slot is put back. NaN in the buffer columns no sequence reads is never reported.
 TEST(CpuStepSpeculative, CheckModeRestoresEverySlotAndIgnoresUnreadColumns) {

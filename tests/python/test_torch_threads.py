@@ -117,7 +117,7 @@ OPS = {  # name: (inputs, forward, the binding's functions it calls)
     "chunk_gated_delta_rule": (core_inputs, chunk, CORE),
     "fused_recurrent_gated_delta_rule": (core_inputs, recurrent, CORE),
     "causal_conv1d_fn": (conv_inputs, conv, {"conv_forward", "conv_backward"}),
-    "causal_conv1d_update": (update_inputs, conv_update, {"conv_forward"}),
+    "causal_conv1d_update": (update_inputs, conv_update, {"conv_update"}),
     "fused_gdn_step": (step_inputs, fused_gdn_step, {"step"}),
     "torch.ops.gdn.step": (step_inputs, step_op, {"step"}),
 }
@@ -342,5 +342,5 @@ def test_patched_transformers_model_runs_on_torchs_thread_count(torch_threads):
     finally:
         gdn.torch.unpatch()
     assert {f for f, _ in seen} == {"core_forward", "core_backward", "conv_forward",
-                                    "conv_backward"}
+                                    "conv_backward", "conv_update"}
     assert {t for _, t in seen} == {torch_threads}

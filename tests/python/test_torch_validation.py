@@ -366,7 +366,7 @@ STEP_RULES = [
      "ssm_state", ["contiguous"]),
     # a contiguous [num_slots, D, K - 1] tensor is not vLLM's view: told in its own layout
     ("conv_pool_contiguous_in_vllms_shape", dict(pools=(rand(SLOTS, D, K - 1), pools()[1])),
-     "conv_state", ["[6, 3, 24]", "vLLM's [num_slots, D, K - 1] view", "strides [72, 1, 24]",
+     "conv_state", ["[6, 3, 24]", "vLLM's [num_slots, D, K - 1] view", "strides [*, 1, 24]",
                     "given [6, 24, 3] with strides [72, 3, 1]"]),
     ("ssm_pool_overlaps_an_input", dict(pools=overlapping_pools()), "ssm_state",
      ["does not overlap the input 'dt_bias'"]),

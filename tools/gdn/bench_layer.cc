@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "api/problem.h"
+#include "common/kernel_problem.h"
 #include "args.h"
 #include "bench/cost_model.h"
 #include "bench/error_stats.h"

@@ -7,7 +7,8 @@ that package's [B, D, T] layout (what transformers' Qwen3-Next layer calls).
 conv_fwd and conv_bwd take the library's packed layout: x [T, D] (any strides), weight [D, K],
 bias [D], initial_state [N, K - 1, D], cu_seqlens [N + 1]; causal_conv1d_fn turns the package's
 layout into it with views (a copy only where a [B, D, T] batch cannot be seen as [B * T, D]).
-conv_update takes the package's layout and checks its pool and indices when it runs.
+conv_update takes the package's layout and checks its pool and indices when it runs; it reads
+and shifts the pool's rows in place (``gdn::conv_update``), whatever their stride.
 """
 
 from typing import Optional
@@ -127,7 +128,7 @@ def reference_backward(x, weight, bias, initial_state, cu_seqlens, d_out, d_fina
 # ---------------------------------------------------------------------------------------------
 
 # The library's names -> causal_conv1d_update's arguments, in its error messages.
-_UPDATE_NAMES = {"initial_state": "conv_state", "options.threads": "threads"}
+_UPDATE_NAMES = {"state_indices": "conv_state_indices", "options.threads": "threads"}
 
 
 def _silu(activation) -> bool:
@@ -291,7 +292,11 @@ def causal_conv1d_update(
       x: [B, D] (one token per row) or [B, D, L] (L new tokens).
       conv_state: [B_pool, D, S] with S >= K - 1, any float dtype: row b's last S raw inputs,
         oldest first (transformers keeps S = K). After the call it holds the last S inputs
-        including the new tokens.
+        including the new tokens. Read and written where it lies, never copied: each row one
+        dense block, channel-first (strides [*, S, 1], e.g. a contiguous tensor) or
+        channel-last (strides [*, 1, D]: vLLM's [slots, S, D] pool seen through
+        ``transpose(1, 2)``), with any row stride and storage offset (a strided view of padded
+        pages).
       weight: [D, K] (or [D, 1, K]); bias: [D] or None; activation: None, "silu" or "swish".
       conv_state_indices: int32 / int64 [B], optional: the row of conv_state each batch row
         continues (default: row b); every index in [0, B_pool), no row twice.
@@ -331,10 +336,11 @@ def causal_conv1d_update(
 
 
 def _update_rows(x: Tensor, conv_state: Tensor, taps: int,
-                 conv_state_indices: Optional[Tensor]) -> Optional[Tensor]:
-    """The pool rows the batch continues (None: rows 0 .. B - 1), checked: the conv state's
-    shape and dtype, and the indices' dtype, length, range and distinctness (two batch rows on
-    one pool row would each write it, and one update would be lost)."""
+                 conv_state_indices: Optional[Tensor]) -> None:
+    """Checks, in the package's layout and names, the conv state's shape and dtype and the
+    indices' dtype, length, range and distinctness (two batch rows on one pool row would each
+    write it, and one update would be lost); the library checks them again, with the pool's
+    strides."""
     batch, channels = x.shape[0], x.shape[1]
     if (conv_state.dim() != 3 or conv_state.shape[1] != channels
             or conv_state.shape[2] < taps - 1):
@@ -348,7 +354,7 @@ def _update_rows(x: Tensor, conv_state: Tensor, taps: int,
         if conv_state.shape[0] != batch:
             raise ValueError(f"gdn: argument 'conv_state': expected {batch} rows (one per row "
                              f"of x) without conv_state_indices, given {list(conv_state.shape)}")
-        return None
+        return
     idx = conv_state_indices
     if idx.dim() != 1 or idx.shape[0] != batch or idx.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"gdn: argument 'conv_state_indices': expected int32 or int64 "
@@ -365,7 +371,6 @@ def _update_rows(x: Tensor, conv_state: Tensor, taps: int,
                              f"pool row continued by one batch row), given {rows} (batch rows "
                              f"{first[r]} and {b} both continue row {r})")
         first[r] = b
-    return idx.long()
 
 
 @torch.library.custom_op("gdn::conv_update", mutates_args=("conv_state",), device_types="cpu")
@@ -379,28 +384,22 @@ def conv_update(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Optional[Te
     if x.dim() != 3:
         raise ValueError(f"gdn: argument 'x': expected [B, D, L], given {list(x.shape)}")
     batch, channels, tokens = x.shape
-    k = weight.shape[-1]
-    idx = _update_rows(x, conv_state, k, conv_state_indices)
-    rows = conv_state if idx is None else conv_state[idx]
-    size = conv_state.shape[2]
+    _update_rows(x, conv_state, weight.shape[-1], conv_state_indices)
     cdt = compute_dtype(x.dtype)
     out = torch.empty((batch, tokens, channels), dtype=x.dtype)
     if batch > 0:
+        # The pool is handed over as it is (the library's [B_pool, S, D] view of it: any slot
+        # stride, each row dense): its rows are read and shifted in place, never copied.
         # Every tensor handed over by address is held by a name until the call returns.
         flat = x.transpose(1, 2).reshape(batch * tokens, channels)
         w = weight.to(cdt)
         b = bias.to(cdt) if bias is not None else None
-        state = rows[:, :, size - (k - 1):].transpose(1, 2).to(cdt) if k > 1 else None
         cu = torch.arange(batch + 1, dtype=torch.int64) * tokens
         with library_names(_UPDATE_NAMES):
-            _gdn.conv_forward(raw(flat), raw(w), raw(b), raw(state), raw(cu),
-                              raw(out.view(batch * tokens, channels)), None, silu,
-                              library_threads(threads), False)
-    new_rows = torch.cat([rows, x.to(conv_state.dtype)], dim=-1)[:, :, -size:]
-    if idx is None:
-        conv_state.copy_(new_rows)
-    else:
-        conv_state[idx] = new_rows
+            _gdn.conv_update(raw(flat), raw(w), raw(b), raw(cu), raw(conv_state_indices),
+                             raw(conv_state.transpose(1, 2)),
+                             raw(out.view(batch * tokens, channels)), silu,
+                             library_threads(threads))
     return out.transpose(1, 2)
 
 

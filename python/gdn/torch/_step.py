@@ -39,8 +39,8 @@ def step(qkv: Tensor, a: Tensor, b: Tensor, conv_weight: Tensor, conv_bias: Opti
     vLLM's metadata: query_start_loc, state_indices, seq_lens, distribution [decode_end,
     prefill_end, mixed_end], read_state_indices, read_offsets, num_spec speculative tokens).
     Returns out [T, Hv Dv] in qkv's dtype; conv_state [num_slots, K - 1, D] and ssm_state
-    [num_slots, Hv, Dk, Dv] (contiguous) are updated in place. ``threads``: 0 =
-    ``torch.get_num_threads()``, a larger count clamped to it. Bad input raises ValueError
+    [num_slots, Hv, Dk, Dv] are updated in place (each slot dense, any slot stride).
+    ``threads``: 0 = ``torch.get_num_threads()``, a larger count clamped to it. Bad input raises ValueError
     before anything is written."""
     out = torch.empty((qkv.shape[0], num_v_heads * head_v_dim), dtype=qkv.dtype)
     with library_names(_OP_NAMES):
@@ -60,9 +60,11 @@ def _(qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_state, ssm_state, 
 
 
 def _conv_pool(conv_state: Tensor, conv_weight: Tensor, qkv: Tensor, num_spec: int = 0) -> Tensor:
-    """The conv pool as the library's [num_slots, K - 1 + num_spec, D]: vLLM's [num_slots, D,
-    K - 1 + num_spec] view of such memory is seen through its transpose; any other such tensor is
-    refused here, in the caller's layout (the library would describe the transpose)."""
+    """The conv pool as the library's [num_slots, K - 1 + num_spec, D] (num_spec only in vLLM's
+    speculative layout): vLLM's [num_slots, D, K - 1 + num_spec] view of such memory is seen
+    through its transpose (no copy: the slots are updated where they lie); any other such
+    tensor is refused here, in the caller's layout (the library would describe the transpose).
+    The slot stride is the library's to check."""
     if conv_state.dim() != 3 or conv_weight.dim() < 1 or qkv.dim() < 1:
         return conv_state  # the library names what is wrong
     slots, channels, taps = conv_state.shape[0], qkv.shape[-1], conv_weight.shape[-1]
@@ -70,13 +72,15 @@ def _conv_pool(conv_state: Tensor, conv_weight: Tensor, qkv: Tensor, num_spec: i
     if tuple(conv_state.shape[1:]) != (channels, columns) or columns == channels:
         return conv_state
     library = conv_state.transpose(1, 2)
-    if not library.is_contiguous():
-        vllm = [columns * channels, 1, channels]
+    rows_dense = (channels <= 1 or library.stride(2) == 1) and (
+        columns <= 1 or library.stride(1) == channels)
+    if not rows_dense:
         what = "K - 1 + num_spec" if num_spec else "K - 1"
         raise ValueError(
-            f"gdn: argument 'conv_state': expected a contiguous [num_slots, {what}, D] = "
+            f"gdn: argument 'conv_state': expected a [num_slots, {what}, D] = "
             f"[{slots}, {columns}, {channels}] pool, or vLLM's [num_slots, D, {what}] view of "
-            f"one (strides {vllm}), given [{slots}, {channels}, {columns}] with strides "
+            f"one (strides [*, 1, {channels}]: each slot one dense [{what}, D] block, any slot "
+            f"stride), given [{slots}, {channels}, {columns}] with strides "
             f"{list(conv_state.stride())}")
     return library
 
@@ -221,8 +225,12 @@ def fused_gdn_step(
       conv_weight: [D, K] or [D, 1, K], K from 1 to 8; A_log, dt_bias: [Hv]; conv_bias: [D] or
         None. float32 (float64 with float64 qkv).
       conv_state: [num_slots, K - 1, D] (or vLLM's [num_slots, D, K - 1] view of that memory),
-        float32 or bfloat16, contiguous: each slot's last K - 1 raw inputs, oldest first.
-      ssm_state: [num_slots, Hv, Dk, Dv], float32 or bfloat16, contiguous.
+        float32 or bfloat16: each slot's last K - 1 raw inputs, oldest first.
+      ssm_state: [num_slots, Hv, Dk, Dv], float32 or bfloat16.
+        Both pools are read and written where they lie (never copied): each slot must be one
+        dense row-major block, but the slot stride (dim 0) and the storage offset are free, so
+        strided views of one buffer work, e.g. vLLM's pools that share padded pages
+        (``page[:, :n].view(...)``); pools that overlap each other or an input are refused.
       initial_state_indices: int32 / int64 [N]: the slot of each sequence; live slots in
         [1, num_slots) (slot 0 is the null slot), no slot written by two sequences.
       cu_seqlens: int32 / int64 [N + 1]: the sequences' token boundaries, from 0, at most T.

@@ -1,9 +1,11 @@
-// problem.h: a validated forward problem, in the form every backend consumes.
+// kernel_problem.h: a validated forward problem, in the form every backend consumes.
 //
 // src/api/validate.cc is the only producer: after it returns, every pointer, stride, shape
 // and option here is known to be consistent, so the reference and the CPU kernels never
 // re-check anything. The struct holds raw pointers only (no std containers) because it is
-// read from the per-ISA translation units, which must not instantiate library templates.
+// read from the per-ISA translation units, which must not instantiate library templates. It
+// lives in src/common, below both its producer (src/api) and its readers (src/cpu,
+// src/reference), so that no layer includes one above it.
 #pragma once
 
 #include <cstddef>
@@ -91,8 +93,11 @@ struct ConvProblem {
   const std::byte* bias = nullptr;      // [cpad]
   const std::byte* state_in = nullptr;  // [N][taps - 1][channels], null: zeros
   // Forward only: when set, sequence s's conv state is block state_block[s] of state_in
-  // (blocks of [taps - 1][channels], e.g. a pool's slots), and -1 means zeros.
+  // (blocks of [taps - 1][channels], e.g. a pool's slots), and -1 means zeros. Blocks start
+  // state_stride elements apart (0: (taps - 1) channels, packed): a pool's slot stride, which
+  // may pad its slots (vLLM's pages).
   const std::int64_t* state_block = nullptr;
+  std::int64_t state_stride = 0;
 
   std::byte* xh = nullptr;  // forward output [tokens][channels]
 
@@ -129,9 +134,9 @@ struct DecodeProblem {
   const std::byte* g = nullptr;     // [tokens][hv], log decay
   const std::byte* beta = nullptr;  // [tokens][hv]
 
-  std::byte* state = nullptr;  // the pool: slot x at state + x * slot_elements, [Hv][Dk][Dv]
-                               // elements of state_dtype
-  std::int64_t slot_elements = 0;
+  std::byte* state = nullptr;    // the pool: slot x at state + x * slot_stride, [Hv][Dk][Dv]
+                                 // elements of state_dtype, dense
+  std::int64_t slot_stride = 0;  // elements from a slot to the next (at least Hv Dk Dv)
   std::byte* out = nullptr;  // element (token, h Dv + j) at out + token * out_token + (h Dv + j)
   std::int64_t out_token = 0, out_channel = 0;  // * out_channel
 };
