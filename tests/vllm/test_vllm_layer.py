@@ -169,3 +169,31 @@ def test_repacked_conv_weight_is_read_from_the_plain_copy():
     layer.conv1d._cpu_unpacked_conv_weight = plain
     layer.conv1d.weight = torch.zeros(D * K, dtype=torch.bfloat16)  # stands for the packed form
     assert torch.equal(_layer.float32_params(layer)[0], plain.float())
+
+
+def test_vllm_pools_reach_the_step_as_they_are(monkeypatch):
+    # Zero-copy: the step gets vLLM's own pool views (the pages' memory, their slot strides),
+    # not copies of the batch's slots, and the state lands in the pages.
+    layer = Layer(torch.float32)
+    seen = []
+    step = gdn.torch.fused_gdn_step
+
+    def spy(*args, **kwargs):
+        seen.append((args[6], args[7]))
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(gdn.torch, "fused_gdn_step", spy)
+    before = layer.pages.clone()
+    md = metadata(**MIXED)
+    tokens = sum(MIXED["lengths"])
+    qkv, b, a = inputs(tokens)
+    _layer.run(layer, md, qkv, b, a, torch.zeros(tokens, HV, DV, dtype=torch.bfloat16))
+    assert len(seen) == 1
+    conv, ssm = seen[0]
+    assert conv.data_ptr() == layer.kv_cache[0].data_ptr()
+    assert conv.stride() == layer.kv_cache[0].stride()
+    assert ssm.data_ptr() == layer.kv_cache[1].data_ptr()
+    assert ssm.stride()[0] == layer.kv_cache[1].stride()[0]
+    assert ssm.untyped_storage().data_ptr() == layer.pages.untyped_storage().data_ptr()
+    for slot in MIXED["slots"]:
+        assert not torch.equal(layer.pages[slot], before[slot]), f"slot {slot} not written"

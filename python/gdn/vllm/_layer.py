@@ -20,8 +20,6 @@ What vLLM 0.32.0's CPU path hands over (read in its ``gdn_attention.py``, ``gdn_
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -85,27 +83,10 @@ def run(layer, metadata, mixed_qkv: Tensor, b: Tensor, a: Tensor, core_attn_out:
     heads = dict(num_k_heads=layer.num_k_heads // layer.tp_size,
                  num_v_heads=layer.num_v_heads // layer.tp_size,
                  head_k_dim=layer.head_k_dim, head_v_dim=layer.head_v_dim)
-    out = step_on_vllm_pools(mixed_qkv[:tokens], a[:tokens], b[:tokens], w, bias, a_log,
-                             dt_bias, layer.kv_cache[0], ssm_pool(layer), slots, cu_seqlens, has,
-                             heads)
+    # vLLM's pools as they are (strided views into its pages): gdn's step reads and writes the
+    # batch's slots in place through the slot stride; nothing is gathered or copied back.
+    out = gdn.torch.fused_gdn_step(mixed_qkv[:tokens], a[:tokens], b[:tokens], w, a_log, dt_bias,
+                                   layer.kv_cache[0], ssm_pool(layer), slots, cu_seqlens, has,
+                                   conv_bias=bias, **heads)
     core_attn_out[:tokens] = out.view(tokens, heads["num_v_heads"], heads["head_v_dim"])
 
-
-def step_on_vllm_pools(qkv: Tensor, a: Tensor, b: Tensor, w: Tensor, bias: Optional[Tensor],
-                       a_log: Tensor, dt_bias: Tensor, conv_pool: Tensor, ssm: Tensor,
-                       slots: Tensor, cu_seqlens: Tensor, has: Optional[Tensor],
-                       heads: dict) -> Tensor:
-    """TEMPORARY (until gdn's step takes strided pools, issue 35 requirement 2): the batch's
-    slots are copied out of vLLM's strided pools into contiguous ones (slot 0 the null slot,
-    sequence s in slot s + 1), stepped there and copied back. The only copy of pool state in
-    the plugin; it goes when the library takes vLLM's pool views as they are."""
-    rows = slots.long()
-    conv = torch.cat([conv_pool.new_zeros((1,) + tuple(conv_pool.shape[1:])),
-                      conv_pool.index_select(0, rows)])
-    state = torch.cat([ssm.new_zeros((1,) + tuple(ssm.shape[1:])), ssm.index_select(0, rows)])
-    local = torch.arange(1, rows.numel() + 1, dtype=slots.dtype)
-    out = gdn.torch.fused_gdn_step(qkv, a, b, w, a_log, dt_bias, conv, state, local, cu_seqlens,
-                                   has, conv_bias=bias, **heads)
-    conv_pool.index_copy_(0, rows, conv[1:])
-    ssm.index_copy_(0, rows, state[1:])
-    return out
