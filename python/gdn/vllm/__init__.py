@@ -12,7 +12,8 @@ plugin in each of its processes (``register`` below), and a startup line says so
 
 ``GDN_VLLM=0`` turns it off (vLLM's own path runs), as does leaving ``gdn`` out of vLLM's
 ``VLLM_PLUGINS`` list. What gdn cannot take runs on vLLM's own path, with one logged line per
-reason saying why: speculative decoding (gdn has no speculative step mode yet), the "DS" conv
+reason saying why: speculative decoding (gdn's step has vLLM's speculative layout, but the plugin does not route
+vLLM's speculative path to it yet), the "DS" conv
 state layout (``VLLM_SSM_CONV_STATE_LAYOUT=DS``), an activation other than SiLU, dtypes or conv
 widths the library does not take. docs/vllm.md has the details and the choice of hook.
 
@@ -153,8 +154,8 @@ def _spec_aware(original):
     def spec_aware(layer, metadata, *args, **kwargs):
         """Stands in for vLLM's ``_cpu_gdn_attention_spec_aware``: vLLM's path, logged."""
         if _state["enabled"]:
-            _fallback("speculative decoding is configured (its rolling conv buffer and "
-                      "per-draft-token state slots have no gdn step mode yet)")
+            _fallback("speculative decoding is configured (gdn's step has vLLM's speculative "
+                      "layout, but this plugin does not route vLLM's speculative path to it yet)")
         else:
             with _lock:
                 _counters["vllm_calls_off"] += 1
