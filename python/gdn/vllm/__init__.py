@@ -12,10 +12,10 @@ plugin in each of its processes (``register`` below), and a startup line says so
 
 ``GDN_VLLM=0`` turns it off (vLLM's own path runs), as does leaving ``gdn`` out of vLLM's
 ``VLLM_PLUGINS`` list. What gdn cannot take runs on vLLM's own path, with one logged line per
-reason saying why: speculative decoding (gdn's step has vLLM's speculative layout, but the plugin does not route
-vLLM's speculative path to it yet), the "DS" conv
-state layout (``VLLM_SSM_CONV_STATE_LAYOUT=DS``), an activation other than SiLU, dtypes or conv
-widths the library does not take. docs/vllm.md has the details and the choice of hook.
+reason saying why: speculative decoding (gdn's step has vLLM's speculative layout, but the
+plugin does not route vLLM's speculative path to it yet), the "DS" conv state layout
+(``VLLM_SSM_CONV_STATE_LAYOUT=DS``), an activation other than SiLU, dtypes or conv widths the
+library does not take. docs/vllm.md has the details and the choice of hook.
 
 ``counters()`` says what ran in this process (gdn calls by batch kind, fallbacks by reason); with
 ``GDN_VLLM_COUNTERS`` naming a directory, each process also writes its counters there as
