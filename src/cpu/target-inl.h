@@ -12,8 +12,8 @@
 #include <immintrin.h>  // non-temporal stores (simd-inl.h: stream); static inline functions
 #endif
 
-#include "common/kernel_problem.h"
 #include "common/half_bits.h"
+#include "common/kernel_problem.h"
 #include "cpu/kernels.h"
 #include "cpu/profile.h"
 #include "cpu/workspace.h"

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/kernel_problem.h"
 #include "api/validate.h"
 #include "common/half_bits.h"
+#include "common/kernel_problem.h"
 #include "common/work_items.h"
 #include "gdn/backward.h"
 #include "gdn/conv.h"

@@ -10,13 +10,13 @@
 #include <utility>
 #include <vector>
 
-#include "common/kernel_problem.h"
 #include "args.h"
 #include "bench/cost_model.h"
 #include "bench/error_stats.h"
 #include "bench_noise.h"
 #include "bench_util.h"
 #include "commands.h"
+#include "common/kernel_problem.h"
 #include "cpu/kernels.h"
 #include "cpu/layer.h"
 #include "gdn/gdn.h"
