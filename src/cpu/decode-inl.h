@@ -182,8 +182,18 @@ inline void decode_token_pairs(const Src* src, std::int64_t ld_src, BFloat16* ds
                                const BFloat16* next, std::int64_t ld_next,
                                std::int64_t next_columns) {
   constexpr int W = kLanes<Real>;
-  constexpr std::int64_t kBlock = kRecurrentBlock * W;  // columns
+  // Pass 2 runs over 128 columns (a Qwen3-Next head's whole row) per state row, pass 1's
+  // register blocks one after the other before it: per row the loop's own work (pointers,
+  // the prefetch, the broadcast of k) is spread over 8 vector pairs on avx2 instead of 2
+  // (measured: docs/perf.md, "bf16 pools"). The block's bf16 rows (32 KiB) stay in L1/L2
+  // between the passes.
+  constexpr std::int64_t kBlock =
+      kRecurrentBlock * W * (kRecurrentBlock * W >= 128 ? 1 : 128 / (kRecurrentBlock * W));
   const Real qk = dot(q, k, padded(dk));
+  // k finite and |alpha| <= 1 (always so for the step's alpha = exp(g), g <= 0): see below.
+  Real k_zero = 0;
+  for (std::int64_t r = 0; r < dk; ++r) k_zero += k[r] * 0;
+  const bool bounded = k_zero == 0 && alpha >= -1 && alpha <= 1;
   for (std::int64_t j0 = 0; j0 < n; j0 += kBlock) {
     const std::int64_t nb = min64(kBlock, n - j0), j1 = j0 + nb;
     // The rows to prefetch (a float32 carry is in cache already): the next block's, or the
@@ -204,41 +214,60 @@ inline void decode_token_pairs(const Src* src, std::int64_t ld_src, BFloat16* ds
     } else {
       pair_products(src + j0, dk, ld_src, nb, k, q, ks + j0, qs + j0);
     }
+    Vec<Real> zero{};  // stays 0 while every ks and u is finite (x * 0 is NaN for inf, NaN)
     for (std::int64_t j = j0; j < j1; j += W) {
-      const Vec<Real> uj = (load(v + j) - load(ks + j) * alpha) * beta;
+      const Vec<Real> ksj = load(ks + j);
+      const Vec<Real> uj = (load(v + j) - ksj * alpha) * beta;
+      zero += ksj * 0 + uj * 0;
       store(u + j, uj);
       store(qs + j, mul_add<Real>(load(qs + j), splat(alpha), uj * qk));
     }
-    for (std::int64_t r = 0; r < dk; ++r) {
-      BFloat16* to = dst + r * ld_dst;
-      Real* keep = Carry ? carry + r * ld_carry : nullptr;
-      const Real kr = k[r];
-      const Src* from = src != nullptr ? src + r * ld_src : nullptr;
-      // S' of the pair at column j.
-      auto update = [&](std::int64_t j) {
-        Vec<Real> even, odd;
-        if (from == nullptr) {
-          even = load(u + j) * kr;
-          odd = load(u + j + W) * kr;
-        } else {
-          load_pair<Real>(from + j, &even, &odd);
-          even = mul_add<Real>(even, splat(alpha), load(u + j) * kr);
-          odd = mul_add<Real>(odd, splat(alpha), load(u + j + W) * kr);
-        }
-        narrow_bf16_pair(to + j, even, odd);
-        if constexpr (Carry) {
-          store(keep + j, even);
-          store(keep + j + W, odd);
-        }
-      };
-      for (std::int64_t b = 0; b < ahead_bytes; b += 64)
-        prefetch_line(ahead + r * ld_ahead + b, false);
-      if (nb == kBlock) {  // the common case, unrolled
+    // No lane of S' = alpha S + k u can be a NaN when S, k and u are finite and |alpha| <= 1:
+    // alpha S is then finite, and a finite value plus k u (finite, or an infinity where it
+    // overflows) is no NaN. S is finite where ks is: a non-finite S_rj makes k_r S_rj, and so
+    // column j's sum, non-finite. Then narrow_bf16_pair skips its NaN test (3 instructions of
+    // about 20 a pair).
+    const bool no_nan = bounded && !any_nan(zero, zero);
+    // S' = alpha S + k u, row by row; alpha broadcast once and the branch on a read slot taken
+    // once (GCC hoisted neither out of the unrolled pairs: 4 more instructions a pair).
+    const Vec<Real> va = splat(alpha);
+    auto rows = [&](auto has_src, auto may_hold_nan) {
+      for (std::int64_t r = 0; r < dk; ++r) {
+        BFloat16* to = dst + r * ld_dst;
+        Real* keep = Carry ? carry + r * ld_carry : nullptr;
+        const Real kr = k[r];
+        const Src* from = has_src ? src + r * ld_src : nullptr;
+        auto update = [&](std::int64_t j) {  // the pair at column j
+          Vec<Real> even, odd;
+          if constexpr (decltype(has_src)::value) {
+            load_pair<Real>(from + j, &even, &odd);
+            even = mul_add<Real>(even, va, load(u + j) * kr);
+            odd = mul_add<Real>(odd, va, load(u + j + W) * kr);
+          } else {
+            even = load(u + j) * kr;
+            odd = load(u + j + W) * kr;
+          }
+          narrow_bf16_pair<decltype(may_hold_nan)::value>(to + j, even, odd);
+          if constexpr (Carry) {
+            store(keep + j, even);
+            store(keep + j + W, odd);
+          }
+        };
+        for (std::int64_t b = 0; b < ahead_bytes; b += 64)
+          prefetch_line(ahead + r * ld_ahead + b, false);
+        if (nb == kBlock) {  // the common case, unrolled
 #pragma GCC unroll 16
-        for (int i = 0; i < kRecurrentBlock / 2; ++i) update(j0 + i * 2 * W);
-      } else {
-        for (std::int64_t j = j0; j < j1; j += 2 * W) update(j);
+          for (int i = 0; i < kBlock / (2 * W); ++i) update(j0 + i * 2 * W);
+        } else {
+          for (std::int64_t j = j0; j < j1; j += 2 * W) update(j);
+        }
       }
+    };
+    if (src != nullptr) {
+      no_nan ? rows(std::true_type{}, std::false_type{}) : rows(std::true_type{}, std::true_type{});
+    } else {
+      no_nan ? rows(std::false_type{}, std::false_type{})
+             : rows(std::false_type{}, std::true_type{});
     }
   }
 }

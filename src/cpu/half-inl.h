@@ -61,6 +61,9 @@ inline void widen_bf16_pair(const BFloat16* src, Vec<float>* even, Vec<float>* o
   __builtin_memcpy(even, &low, sizeof low);
   __builtin_memcpy(odd, &high, sizeof high);
 }
+// kMayHoldNaN false: the caller knows no lane is a NaN (a finite value or an infinity rounds
+// by the sum alone), and the test is skipped.
+template <bool kMayHoldNaN = true>
 inline void narrow_bf16_pair(BFloat16* dst, Vec<float> even, Vec<float> odd) {
   WideBits e, o;
   __builtin_memcpy(&e, &even, sizeof e);
@@ -69,9 +72,11 @@ inline void narrow_bf16_pair(BFloat16* dst, Vec<float> even, Vec<float> odd) {
   WideBits re = e + 0x7fffu + ((e >> 16) & 1u), ro = o + 0x7fffu + ((o >> 16) & 1u);
   // A NaN's rounding can carry into its exponent and sign (0x7fffffff becomes -0): one test
   // for both vectors, a select per lane only when one is there.
-  if (__builtin_expect(any_nan(even, odd), 0)) {
-    re = even != even ? e | 0x400000u : re;
-    ro = odd != odd ? o | 0x400000u : ro;
+  if constexpr (kMayHoldNaN) {
+    if (__builtin_expect(any_nan(even, odd), 0)) {
+      re = even != even ? e | 0x400000u : re;
+      ro = odd != odd ? o | 0x400000u : ro;
+    }
   }
   const WideBits w = (re >> 16) | (ro & 0xffff0000u);
   __builtin_memcpy(dst, &w, sizeof w);
