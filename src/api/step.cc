@@ -276,7 +276,7 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   const bool narrow = v.layer.dtype != dtype;  // 16-bit qkv and out
   const Pool<Real> conv_pool(pools.conv_state), rec_pool(pools.recurrent_state);
   // Conv inputs: transposed weights and bias; the conv states are read from the read slots
-  // (of a bf16 pool: widened first, (K - 1) D per decode).
+  // in place (a bf16 pool's rows widened as the conv kernel stages them).
   Tensor weight(dtype, {k, cpad}), bias(dtype, {cpad});
   detail::conv_parameters(in.conv_weight, in.conv_bias, k, d, cpad,
                           static_cast<Real*>(weight.raw()), static_cast<Real*>(bias.raw()));
@@ -304,19 +304,15 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
   const bool windows = v.spec_layout && first < v.decode_end;
   Tensor history;
   std::vector<std::int64_t> history_block;
-  if (k > 1 && (conv_pool.bf16 || windows)) {
+  if (k > 1 && windows) {
     history = Tensor(dtype, {n, k - 1, d});
     history_block.assign(static_cast<std::size_t>(n), -1);
     Real* h = static_cast<Real*>(history.raw());
     std::fill(h, h + n * (k - 1) * d, Real{0});
     for (std::int64_t s = 0; s < n; ++s) {
       if (read_slot[s] < 0) continue;
-      if (windows) {
-        conv_pool.read_part(v.write_slot[first + s], v.conv_column[first + s] * d, (k - 1) * d,
-                            h + s * (k - 1) * d);
-      } else {
-        conv_pool.read(read_slot[s], h + s * (k - 1) * d);
-      }
+      conv_pool.read_part(v.write_slot[first + s], v.conv_column[first + s] * d, (k - 1) * d,
+                          h + s * (k - 1) * d);
       history_block[static_cast<std::size_t>(s)] = s;
     }
     conv.state_in = static_cast<const std::byte*>(history.raw());
@@ -325,6 +321,7 @@ void run_decodes(const StepInputs& in, const StatePools& pools, const MutableTen
     conv.state_in = k > 1 ? static_cast<const std::byte*>(conv_pool.data) : nullptr;
     conv.state_block = read_slot;
     conv.state_stride = conv_pool.stride;
+    conv.state_bf16 = conv_pool.bf16;
   }
   conv.xh = static_cast<std::byte*>(xh.raw());
   cpu::conv_forward(conv, o.isa, o.threads);

@@ -98,6 +98,9 @@ struct ConvProblem {
   // may pad its slots (vLLM's pages).
   const std::int64_t* state_block = nullptr;
   std::int64_t state_stride = 0;
+  // Forward with float32 compute only: state_in holds bf16 (a bf16 pool's slots, gdn/step.h),
+  // each row widened as the kernel stages it.
+  bool state_bf16 = false;
 
   std::byte* xh = nullptr;  // forward output [tokens][channels]
 

@@ -54,6 +54,11 @@ inline void conv_input_row(const detail::ConvProblem& p, std::int64_t s, std::in
     fill<Real>(row, p.cpad, 0);
   } else {
     const std::int64_t block = p.state_block != nullptr ? p.state_block[s] : s;
+    if constexpr (__is_same(Real, float)) {
+      if (p.state_bf16) {
+        return gather_row(row, conv_state_row<BFloat16>(p, block, j), 1, p.channels, p.cpad);
+      }
+    }
     gather_row(row, conv_state_row<Real>(p, block, j), 1, p.channels, p.cpad);
   }
 }
@@ -135,7 +140,8 @@ void conv_forward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_
       sizeof(Vec<Real>) >= 64 && whole == channels &&
       reinterpret_cast<std::uintptr_t>(xh_base) % sizeof(Vec<Real>) == 0 &&
       p.tokens * channels * static_cast<std::int64_t>(sizeof(Real)) >= kConvStreamBytes;
-  // The conv state's rows, read in place when whole vectors wide (-1: absent, staged zeros).
+  // The conv state's rows, read in place when whole vectors wide and of the compute type (-1:
+  // absent, staged zeros; bf16: staged, widened).
   const std::int64_t state_block = p.state_in == nullptr      ? -1
                                    : p.state_block != nullptr ? p.state_block[s]
                                                               : s;
@@ -146,7 +152,7 @@ void conv_forward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_
       const std::int64_t j = s0 - (K - 1) + r;
       if (j >= 0 && in_place) {
         rows[r] = x + (seq.start + j) * p.x_token;
-      } else if (j < 0 && whole == channels && state_block >= 0) {
+      } else if (j < 0 && whole == channels && state_block >= 0 && !p.state_bf16) {
         rows[r] = conv_state_row<Real>(p, state_block, j);
       } else {
         conv_input_row<Real, In>(p, s, j, stage + r * cp);

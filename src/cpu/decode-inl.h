@@ -13,19 +13,22 @@
 // same (a plain decode); a speculative window writes each position's state into the next
 // slot and starts the next position from it. Pass 1 is recurrent_fwd-inl.h's block_products.
 //
-// A bf16 pool (State = BFloat16, Real = float): converted on the fly, in the same two passes:
-// pass 1 widens the slot's rows as it loads them (exact), pass 2 widens them again, computes
-// S' with the float32 pool's expressions and rounds it into the written slot. A window carries
-// its float32 state from one position to the next in the workspace (Dk x Dv floats at most:
-// 64 KiB at d = 128, in L2 like the slot's block): position t + 1 starts from that copy, not
-// from the rounded slot. So the slots of a bf16 pool are those of a float32 pool holding the
-// same start values, rounded once, bit for bit. The float32 path's arithmetic is as before.
-// A block with a tail of columns (not a whole number of vectors) is widened into the
-// workspace first, updated there by the float32 code and rounded (see below why). That route
-// for every block measured 1.8x the float32 pool's time for one decode (in cache) and 1.4x
-// for 64; converting on the fly, 1.6x to 2x, 1.25x, and 1.05x for 64 windows of 4
-// (`gdn bench --op step --pools bf16`, one thread, Qwen3-Next's shape, docs/perf.md): in
-// cache, the rounding's integer work in pass 2 is what it costs.
+// A bf16 pool (State = BFloat16, Real = float): the state is streamed once per pass and
+// never copied: pass 1 widens each row as it loads it (exact), pass 2 widens it again,
+// computes S' with the float32 pool's expressions and rounds it once into the written slot,
+// in registers. A block of whole vector pairs (2W columns, every block at Qwen3-Next's shape)
+// takes decode_token_pairs: its columns in "pair order" (even columns, then odd ones, per 2W),
+// in which a vector of 2W bf16 widens into two float vectors and two round back into one with
+// shifts and masks alone, no shuffle; column block by column block, so that the next block's
+// rows are fetched from memory while this one's are rounded. A block of single vectors
+// (2W does not divide it) converts a vector at a time (load_state, store_state); a block with
+// a tail of columns is widened into the workspace first, updated there by the float32 code
+// and rounded (see below why). A window carries its float32 state from one position to the
+// next in the workspace (Dk x Dv floats at most: 64 KiB at d = 128, in L2 like the slot's
+// block): position t + 1 starts from that copy, not from the rounded slot. So the slots of a
+// bf16 pool are those of a float32 pool holding the same start values, rounded once, bit for
+// bit, on every path (tests/cpu/decode_test.cc pins ties, NaNs and overflow). Measured:
+// docs/perf.md, "bf16 pools" (`gdn bench --op step --pools f32,bf16`).
 
 // A vector of a state stored as State: rounded to bf16, or as it is.
 template <class Real, class State>
@@ -53,7 +56,7 @@ inline void decode_token(const Src* src, std::int64_t ld_src, Dst* dst, std::int
   for (std::int64_t j = 0; j < whole; j += W) {
     const Vec<Real> uj = (load(v + j) - load(ks + j) * alpha) * beta;
     store(u + j, uj);
-    store(qs + j, load(qs + j) * alpha + uj * qk);
+    store(qs + j, mul_add<Real>(load(qs + j), splat(alpha), uj * qk));
   }
   for (std::int64_t j = whole; j < n; ++j) {
     u[j] = (v[j] - ks[j] * alpha) * beta;
@@ -77,7 +80,8 @@ inline void decode_token(const Src* src, std::int64_t ld_src, Dst* dst, std::int
     } else {
       const Src* from = src + r * ld_src;
       for (std::int64_t j = 0; j < whole; j += W) {
-        const Vec<Real> x = load_state<Real>(from + j) * alpha + load(u + j) * kr;
+        const Vec<Real> x =
+            mul_add<Real>(load_state<Real>(from + j), splat(alpha), load(u + j) * kr);
         store_state<Real>(to + j, x);
         if constexpr (Carry) store(keep + j, x);
       }
@@ -86,6 +90,184 @@ inline void decode_token(const Src* src, std::int64_t ld_src, Dst* dst, std::int
         to[j] = static_cast<Dst>(x);
         if constexpr (Carry) keep[j] = x;
       }
+    }
+  }
+}
+
+// A bf16 pool's block of n columns, n a whole number of vector pairs (2W columns: half-inl.h,
+// widen_bf16_pair), streamed once per pass in "pair order": every per-column vector of the
+// block (v, ks, qs, u, the window's float32 carry) holds, per chunk of 2W columns, the even
+// columns and then the odd ones, so that a state row widens and rounds with no shuffle.
+// Columns are independent and each takes the float32 pool's own expressions, in the same
+// order, so the result is the float32 pool's, rounded once. Measured: docs/perf.md, "bf16
+// pools".
+template <class Real>
+inline std::int64_t pair_position(std::int64_t j) {  // of column j
+  constexpr int W = kLanes<Real>;
+  return j / (2 * W) * (2 * W) + (j % 2) * W + j % (2 * W) / 2;
+}
+
+// Two vectors of pair-ordered columns from a bf16 row (widened), or from a float32 row that is
+// in pair order already (a window's carry); and into one.
+template <class Real, class Src>
+inline void load_pair(const Src* p, Vec<Real>* even, Vec<Real>* odd) {
+  if constexpr (__is_same(Src, Real)) {
+    *even = load(p);
+    *odd = load(p + kLanes<Real>);
+  } else {
+    widen_bf16_pair(p, even, odd);
+  }
+}
+
+// ks, qs (pair order) of the n columns of a block: as block_products, a register block of
+// kRecurrentBlock vectors (kRecurrentBlock / 2 pairs) at a time, each column's sum over the
+// rows in the same order.
+template <class Real, class Src>
+inline void pair_products(const Src* src, std::int64_t rows, std::int64_t ld, std::int64_t n,
+                          const Real* k, const Real* q, Real* ks, Real* qs) {
+  constexpr int W = kLanes<Real>, P = kRecurrentBlock / 2;
+  static_assert(P >= 1, "a register block holds a pair");
+  for (std::int64_t j = 0; j < n; j += P * 2 * W) {
+    const int np = static_cast<int>(min64(P, (n - j) / (2 * W)));
+    Vec<Real> acc_k[2 * P] = {}, acc_q[2 * P] = {};
+    if (np == P) {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const Src* row = src + r * ld + j;
+        const Real kr = k[r], qr = q[r];
+#pragma GCC unroll 16
+        for (int v = 0; v < P; ++v) {
+          Vec<Real> even, odd;
+          load_pair<Real>(row + v * 2 * W, &even, &odd);
+          acc_k[2 * v] += kr * even;
+          acc_q[2 * v] += qr * even;
+          acc_k[2 * v + 1] += kr * odd;
+          acc_q[2 * v + 1] += qr * odd;
+        }
+      }
+    } else {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const Src* row = src + r * ld + j;
+        const Real kr = k[r], qr = q[r];
+        for (int v = 0; v < np; ++v) {
+          Vec<Real> even, odd;
+          load_pair<Real>(row + v * 2 * W, &even, &odd);
+          acc_k[2 * v] += kr * even;
+          acc_q[2 * v] += qr * even;
+          acc_k[2 * v + 1] += kr * odd;
+          acc_q[2 * v + 1] += qr * odd;
+        }
+      }
+    }
+    for (int v = 0; v < 2 * np; ++v) {
+      store(ks + j + v * W, acc_k[v]);
+      store(qs + j + v * W, acc_q[v]);
+    }
+  }
+}
+
+// decode_token over a bf16 pool in pair order: S from src (the read slot, bf16; or, within a
+// window, the float32 carry, already in pair order; null: zeros), S' rounded into dst and, for
+// Carry, kept in float32 (pair order) in `carry` (which may be src). v, u, ks, qs: pair order.
+// Column block by column block (pair_products' register block: 32 columns on avx2, 64 on
+// avx512): its pass 1, its u, its pass 2, during which the next block's rows of a bf16 slot
+// are prefetched (a line per row on avx2), so that their reads from memory overlap the
+// rounding's arithmetic instead of following it; during the last block's, the first block of
+// `next` (rows ld_next apart, next_columns columns; null: none), the slot block that the next
+// item is likely to read.
+template <bool Carry, class Real, class Src>
+inline void decode_token_pairs(const Src* src, std::int64_t ld_src, BFloat16* dst,
+                               std::int64_t ld_dst, Real* carry, std::int64_t ld_carry,
+                               std::int64_t n, std::int64_t dk, const Real* v, Real alpha,
+                               Real beta, const Real* k, const Real* q, Real* u, Real* ks, Real* qs,
+                               const BFloat16* next, std::int64_t ld_next,
+                               std::int64_t next_columns) {
+  constexpr int W = kLanes<Real>;
+  // Pass 2 runs over 128 columns (a Qwen3-Next head's whole row) per state row, pass 1's
+  // register blocks one after the other before it: per row the loop's own work (pointers,
+  // the prefetch, the broadcast of k) is spread over 8 vector pairs on avx2 instead of 2
+  // (measured: docs/perf.md, "bf16 pools"). The block's bf16 rows (32 KiB) stay in L1/L2
+  // between the passes.
+  constexpr std::int64_t kBlock =
+      kRecurrentBlock * W * (kRecurrentBlock * W >= 128 ? 1 : 128 / (kRecurrentBlock * W));
+  const Real qk = dot(q, k, padded(dk));
+  // k finite and |alpha| <= 1 (always so for the step's alpha = exp(g), g <= 0): see below.
+  Real k_zero = 0;
+  for (std::int64_t r = 0; r < dk; ++r) k_zero += k[r] * 0;
+  const bool bounded = k_zero == 0 && alpha >= -1 && alpha <= 1;
+  for (std::int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    const std::int64_t nb = min64(kBlock, n - j0), j1 = j0 + nb;
+    // The rows to prefetch (a float32 carry is in cache already): the next block's, or the
+    // next item's.
+    const char* ahead = nullptr;
+    std::int64_t ld_ahead = 0, ahead_bytes = 0;
+    if (j1 < n && src != nullptr && !__is_same(Src, Real)) {
+      ahead = reinterpret_cast<const char*>(src + j1);
+      ld_ahead = ld_src * static_cast<std::int64_t>(sizeof(Src));
+      ahead_bytes = min64(kBlock, n - j1) * static_cast<std::int64_t>(sizeof(Src));
+    } else if (j1 == n && next != nullptr) {
+      ahead = reinterpret_cast<const char*>(next);
+      ld_ahead = ld_next * static_cast<std::int64_t>(sizeof(BFloat16));
+      ahead_bytes = min64(kBlock, next_columns) * static_cast<std::int64_t>(sizeof(BFloat16));
+    }
+    if (src == nullptr) {
+      for (std::int64_t j = j0; j < j1; ++j) ks[j] = qs[j] = 0;
+    } else {
+      pair_products(src + j0, dk, ld_src, nb, k, q, ks + j0, qs + j0);
+    }
+    Vec<Real> zero{};  // stays 0 while every ks and u is finite (x * 0 is NaN for inf, NaN)
+    for (std::int64_t j = j0; j < j1; j += W) {
+      const Vec<Real> ksj = load(ks + j);
+      const Vec<Real> uj = (load(v + j) - ksj * alpha) * beta;
+      zero += ksj * 0 + uj * 0;
+      store(u + j, uj);
+      store(qs + j, mul_add<Real>(load(qs + j), splat(alpha), uj * qk));
+    }
+    // No lane of S' = alpha S + k u can be a NaN when S, k and u are finite and |alpha| <= 1:
+    // alpha S is then finite, and a finite value plus k u (finite, or an infinity where it
+    // overflows) is no NaN. S is finite where ks is: a non-finite S_rj makes k_r S_rj, and so
+    // column j's sum, non-finite. Then narrow_bf16_pair skips its NaN test (3 instructions of
+    // about 20 a pair).
+    const bool no_nan = bounded && !any_nan(zero, zero);
+    // S' = alpha S + k u, row by row; alpha broadcast once and the branch on a read slot taken
+    // once (GCC hoisted neither out of the unrolled pairs: 4 more instructions a pair).
+    const Vec<Real> va = splat(alpha);
+    auto rows = [&](auto has_src, auto may_hold_nan) {
+      for (std::int64_t r = 0; r < dk; ++r) {
+        BFloat16* to = dst + r * ld_dst;
+        Real* keep = Carry ? carry + r * ld_carry : nullptr;
+        const Real kr = k[r];
+        const Src* from = has_src ? src + r * ld_src : nullptr;
+        auto update = [&](std::int64_t j) {  // the pair at column j
+          Vec<Real> even, odd;
+          if constexpr (decltype(has_src)::value) {
+            load_pair<Real>(from + j, &even, &odd);
+            even = mul_add<Real>(even, va, load(u + j) * kr);
+            odd = mul_add<Real>(odd, va, load(u + j + W) * kr);
+          } else {
+            even = load(u + j) * kr;
+            odd = load(u + j + W) * kr;
+          }
+          narrow_bf16_pair<decltype(may_hold_nan)::value>(to + j, even, odd);
+          if constexpr (Carry) {
+            store(keep + j, even);
+            store(keep + j + W, odd);
+          }
+        };
+        for (std::int64_t b = 0; b < ahead_bytes; b += 64)
+          prefetch_line(ahead + r * ld_ahead + b, false);
+        if (nb == kBlock) {  // the common case, unrolled
+#pragma GCC unroll 16
+          for (int i = 0; i < kBlock / (2 * W); ++i) update(j0 + i * 2 * W);
+        } else {
+          for (std::int64_t j = j0; j < j1; j += 2 * W) update(j);
+        }
+      }
+    };
+    if (src != nullptr) {
+      no_nan ? rows(std::true_type{}, std::false_type{}) : rows(std::true_type{}, std::true_type{});
+    } else {
+      no_nan ? rows(std::false_type{}, std::false_type{})
+             : rows(std::false_type{}, std::true_type{});
     }
   }
 }
@@ -109,6 +291,9 @@ void decode_item(const detail::DecodeProblem& p, std::int64_t item, std::byte* w
   Real* ks = u + dvp;
   Real* qs = ks + dvp;
   Real* wide = qs + dvp;  // widened: a window's float32 state, [dk][step]
+  Real* v_pairs = widened ? wide + dk * dvp : nullptr;  // v in pair order
+  // A bf16 pool's block of whole vector pairs streams in pair order (decode_token_pairs).
+  const bool pairs = widened && n % (2 * W) == 0;
   const Real* xh = reinterpret_cast<const Real*>(p.xh);
   const Real* g = reinterpret_cast<const Real*>(p.g);
   const Real* beta_of = reinterpret_cast<const Real*>(p.beta);
@@ -121,6 +306,22 @@ void decode_item(const detail::DecodeProblem& p, std::int64_t item, std::byte* w
   auto slot_after = [&](std::int64_t t) {
     return p.token_slot != nullptr ? p.token_slot[first + t] : p.write_slot[s] + t;
   };
+  // The next item's first block in its read slot, for the last token's pass 2 to prefetch
+  // (decode_token_pairs): on one thread, the block this thread reads next.
+  const BFloat16* next_block = nullptr;
+  std::int64_t next_columns = 0;
+  if constexpr (widened) {
+    const std::int64_t after = item + 1;
+    if (pairs && after < p.num_seqs * p.hv * p.vblocks) {
+      const std::int64_t next_vb = after % p.vblocks, next_sh = after / p.vblocks;
+      const std::int64_t next_s = next_sh / p.hv, next_read = p.read_slot[next_s];
+      const std::int64_t next_j0 = next_vb * step;
+      next_columns = min64(dv, next_j0 + step) - next_j0;
+      if (next_read >= 0 && next_columns > 0) {
+        next_block = pool + next_read * p.slot_stride + next_sh % p.hv * dk * dv + next_j0;
+      }
+    }
+  }
   for (std::int64_t t = 0; t < tokens; ++t) {
     const std::int64_t row = first + t;
     const Real* x = xh + row * p.channels;
@@ -134,7 +335,24 @@ void decode_item(const detail::DecodeProblem& p, std::int64_t item, std::byte* w
     const State* src = read < 0 ? nullptr : pool + read * p.slot_stride + head;
     if constexpr (widened) {
       const bool carry = t + 1 < tokens;
-      if (n % W != 0) {
+      if (pairs) {
+        for (std::int64_t j = 0; j < n; ++j) v_pairs[pair_position<Real>(j)] = v[j];
+        const BFloat16* next = t + 1 == tokens ? next_block : nullptr;
+        const Real* from = wide;  // positions after the first: the carry
+        if (t == 0 && carry) {
+          decode_token_pairs<true>(src, dv, dst, dv, wide, step, n, dk, v_pairs, alpha, beta, k, q,
+                                   u, ks, qs, next, dv, next_columns);
+        } else if (t == 0) {
+          decode_token_pairs<false>(src, dv, dst, dv, wide, step, n, dk, v_pairs, alpha, beta, k, q,
+                                    u, ks, qs, next, dv, next_columns);
+        } else if (carry) {
+          decode_token_pairs<true>(from, step, dst, dv, wide, step, n, dk, v_pairs, alpha, beta, k,
+                                   q, u, ks, qs, next, dv, next_columns);
+        } else {
+          decode_token_pairs<false>(from, step, dst, dv, wide, step, n, dk, v_pairs, alpha, beta, k,
+                                    q, u, ks, qs, next, dv, next_columns);
+        }
+      } else if (n % W != 0) {
         // A block with a tail of columns: widened into the workspace first and updated there
         // by the float32 path's own code, then rounded. (Converting on the fly, GCC compiles
         // the float32 and bf16 tail loops differently, one with FMAs and one without, and
@@ -162,6 +380,10 @@ void decode_item(const detail::DecodeProblem& p, std::int64_t item, std::byte* w
                           k, q, u, ks, qs);
     }
     Real* o = out + row * p.out_token + (h * dv + j0) * p.out_channel;
-    for (std::int64_t j = 0; j < n; ++j) o[j * p.out_channel] = qs[j];
+    if (pairs) {
+      for (std::int64_t j = 0; j < n; ++j) o[j * p.out_channel] = qs[pair_position<Real>(j)];
+    } else {
+      for (std::int64_t j = 0; j < n; ++j) o[j * p.out_channel] = qs[j];
+    }
   }
 }

@@ -165,9 +165,9 @@ std::size_t conv_workspace_bytes(const detail::ConvProblem& p, bool backward) {
 std::int64_t conv_partial_elements(const detail::ConvProblem& p) { return (p.taps + 1) * p.cpad; }
 
 std::size_t decode_workspace_bytes(const detail::DecodeProblem& p) {
-  // q and k [Dk], u, ks and qs [Dv] (src/cpu/decode-inl.h), padded; a bf16 pool's widened
-  // block [Dk][Dv] at most.
-  const std::int64_t widened = p.state_dtype == p.dtype ? 0 : p.dk * padded(p.dv);
+  // q and k [Dk], u, ks and qs [Dv] (src/cpu/decode-inl.h), padded; for a bf16 pool, its
+  // widened block [Dk][Dv] at most and v in pair order [Dv].
+  const std::int64_t widened = p.state_dtype == p.dtype ? 0 : (p.dk + 1) * padded(p.dv);
   return static_cast<std::size_t>(2 * padded(p.dk) + 3 * padded(p.dv) + widened) *
          dtype_size(p.dtype);
 }

@@ -48,6 +48,40 @@ inline void narrow_bf16(BFloat16* dst, Vec<float> x) {
   __builtin_memcpy(dst, &h, sizeof h);
 }
 
+// 2W bf16 values (W = kLanes<float>: one vector of their bits) as two float vectors, without
+// a shuffle: `even` gets values 0, 2, 4, ... (the low halves of the 32-bit words), `odd` gets
+// 1, 3, 5, ... (the high halves); exact. A block of columns in this "pair order" is how the
+// decode kernel streams a bf16 state (src/cpu/decode-inl.h). narrow_bf16_pair is the inverse,
+// each value rounded as BFloat16(float) rounds: to nearest even, a NaN kept a quiet NaN with
+// its top payload bits; about five integer instructions per vector of floats.
+inline void widen_bf16_pair(const BFloat16* src, Vec<float>* even, Vec<float>* odd) {
+  WideBits w;
+  __builtin_memcpy(&w, src, sizeof w);
+  const WideBits low = w << 16, high = w & 0xffff0000u;
+  __builtin_memcpy(even, &low, sizeof low);
+  __builtin_memcpy(odd, &high, sizeof high);
+}
+// kMayHoldNaN false: the caller knows no lane is a NaN (a finite value or an infinity rounds
+// by the sum alone), and the test is skipped.
+template <bool kMayHoldNaN = true>
+inline void narrow_bf16_pair(BFloat16* dst, Vec<float> even, Vec<float> odd) {
+  WideBits e, o;
+  __builtin_memcpy(&e, &even, sizeof e);
+  __builtin_memcpy(&o, &odd, sizeof o);
+  // Rounded bf16 in the high half of each word.
+  WideBits re = e + 0x7fffu + ((e >> 16) & 1u), ro = o + 0x7fffu + ((o >> 16) & 1u);
+  // A NaN's rounding can carry into its exponent and sign (0x7fffffff becomes -0): one test
+  // for both vectors, a select per lane only when one is there.
+  if constexpr (kMayHoldNaN) {
+    if (__builtin_expect(any_nan(even, odd), 0)) {
+      re = even != even ? e | 0x400000u : re;
+      ro = odd != odd ? o | 0x400000u : ro;
+    }
+  }
+  const WideBits w = (re >> 16) | (ro & 0xffff0000u);
+  __builtin_memcpy(dst, &w, sizeof w);
+}
+
 inline void widen_row(float* dst, const BFloat16* src, std::int64_t n) {
   std::int64_t j = 0;
   for (; j + kHalfLanes <= n; j += kHalfLanes) store(dst + j, widen_bf16(src + j));

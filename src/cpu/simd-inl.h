@@ -71,6 +71,44 @@ inline void stream_fence() {
   _mm_sfence();
 #endif
 }
+// a b + c rounded once where the variant has FMA (a b rounded first where it has none). For
+// updates that two code paths must round alike: left to -ffp-contract, a * b + c * d fuses
+// either product depending on the code around it (the decode kernel's float32 and bf16 pool
+// paths, src/cpu/decode-inl.h, measured to differ so).
+template <class Real>
+inline Vec<Real> mul_add(Vec<Real> a, Vec<Real> b, Vec<Real> c) {
+#if GDN_VECTOR_BYTES == 64 && defined(__AVX512F__)
+  if constexpr (sizeof(Real) == 4) {
+    return _mm512_fmadd_ps(a, b, c);
+  } else {
+    return _mm512_fmadd_pd(a, b, c);
+  }
+#elif GDN_VECTOR_BYTES == 32 && defined(__FMA__)
+  if constexpr (sizeof(Real) == 4) {
+    return _mm256_fmadd_ps(a, b, c);
+  } else {
+    return _mm256_fmadd_pd(a, b, c);
+  }
+#else
+  return a * b + c;
+#endif
+}
+
+// Whether any lane of a or of b is a NaN: one unordered compare of the two.
+inline bool any_nan(Vec<float> a, Vec<float> b) {
+#if GDN_VECTOR_BYTES == 64 && defined(__AVX512F__)
+  return _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q) != 0;
+#elif GDN_VECTOR_BYTES == 32 && defined(__AVX__)
+  const __m256 unordered = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
+  return !_mm256_testz_ps(unordered, unordered);
+#elif GDN_VECTOR_BYTES == 16 && defined(__SSE2__)
+  return _mm_movemask_ps(_mm_cmpunord_ps(a, b)) != 0;
+#else
+  bool any = false;
+  for (int i = 0; i < kLanes<float>; ++i) any = any || a[i] != a[i] || b[i] != b[i];
+  return any;
+#endif
+}
 template <class Real>
 inline Vec<Real> splat(Real x) {
   return Vec<Real>{} + x;

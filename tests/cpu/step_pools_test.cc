@@ -89,7 +89,8 @@ StepSpec read_state_spec() {
 // The step over bf16 pools against the step over float32 pools holding the same values: the
 // same out bytes, and every slot of a bf16 pool equal to the float32 pool's rounded to bf16
 // (slots nobody writes included: their values are bf16 values already). With float32, bf16 and
-// f16 activations, K = 1, 2 and 4.
+// f16 activations, K = 1, 2 and 4, and an odd channel count (a channel tail on every variant,
+// where the conv kernel stages the conv state's rows).
 TEST(CpuStepPools, Bf16EqualsFloat32RoundedOnce) {
   std::vector<StepSpec> specs = {speculative_spec(), mixed_spec(), read_state_spec()};
   for (const std::int64_t taps : {1, 2}) {
@@ -99,6 +100,12 @@ TEST(CpuStepPools, Bf16EqualsFloat32RoundedOnce) {
     s.dv = 36;  // no whole number of vectors
     specs.push_back(s);
   }
+  StepSpec odd = mixed_spec();
+  odd.hk = 1;
+  odd.hv = 3;
+  odd.dk = 18;
+  odd.dv = 37;  // D = 147
+  specs.push_back(odd);
   for (const StepSpec& base : specs) {
     for (const PoolDtypes& mix : kMixes) {
       for (const DType activations : {DType::f32, DType::bf16, DType::f16}) {

@@ -361,6 +361,57 @@ TEST_F(Cli, BenchStepJsonLines) {
   EXPECT_NE(bad.output.find("'--preset'"), std::string::npos) << bad.output;
 }
 
+// The step benchmark comparing bf16 and float32 pools in one run, bf16 activations: both
+// checks pass, the text table has a row per pools, and the speed-up line names each preset;
+// in JSON, two lines per preset, the bf16 one with the speed-up, the float32 one with null.
+TEST_F(Cli, BenchStepComparesPoolsInAlternatingRounds) {
+  const std::string step =
+      "bench --op step --hk 1 --hv 2 --dk 16 --dv 32 --preset decode-1,decode-16 --repeats 2 "
+      "--threads 1 --dtype bf16 --pools f32,bf16 --rounds 2";
+  const Result text = gdn_cli(step);
+  ASSERT_EQ(text.code, 0) << text.output;
+  EXPECT_NE(text.output.find("bf16 activations, f32,bf16 pools"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("2 rounds of 2 repeats"), std::string::npos) << text.output;
+  EXPECT_EQ(text.output.find("FAIL"), std::string::npos) << text.output;
+  for (const char* row : {"decode-16         f32", "decode-16         bf16",
+                          "bf16 pools against float32 pools, same run, 2 alternating rounds"}) {
+    EXPECT_NE(text.output.find(row), std::string::npos) << row << " missing in " << text.output;
+  }
+  const std::size_t speedups = text.output.find("speed-up = float32 median / bf16 median");
+  ASSERT_NE(speedups, std::string::npos) << text.output;
+  for (const char* preset : {"decode-1 ", "decode-16 "}) {
+    EXPECT_NE(text.output.find(preset, speedups), std::string::npos) << text.output;
+  }
+
+  const Result json = gdn_cli(step + " --json");
+  ASSERT_EQ(json.code, 0) << json.output;
+  for (const char* field :
+       {"\"preset\": \"decode-16\", \"model\": \"custom\", \"dtype\": \"bf16\", \"pools\": \"f32\"",
+        "\"preset\": \"decode-16\", \"model\": \"custom\", \"dtype\": \"bf16\", \"pools\": "
+        "\"bf16\"",
+        "\"rounds\": 2", "\"speedup_vs_f32_pools\": null"}) {
+    EXPECT_NE(json.output.find(field), std::string::npos) << field << " missing in " << json.output;
+  }
+  std::size_t at = 0;
+  int lines = 0, with_speedup = 0;
+  while ((at = json.output.find("{\"op\": ", at)) != std::string::npos) {
+    const std::size_t end = json.output.find('}', at);
+    ASSERT_NE(end, std::string::npos) << json.output;
+    const std::string line = json.output.substr(at, end - at);
+    const bool bf16_pools = line.find("\"pools\": \"bf16\"") != std::string::npos;
+    const bool null_speedup = line.find("\"speedup_vs_f32_pools\": null") != std::string::npos;
+    EXPECT_EQ(bf16_pools, !null_speedup) << line;
+    with_speedup += bf16_pools ? 1 : 0;
+    ++lines;
+    at = end;
+  }
+  EXPECT_EQ(lines, 4) << json.output;
+  EXPECT_EQ(with_speedup, 2) << json.output;
+  const Result bad = gdn_cli("bench --op step --pools f16");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("'--pools'"), std::string::npos) << bad.output;
+}
+
 // The suite on its tiny shape: a JSON line for every op at every token count, thread count and
 // activation dtype (f32 and bf16 by default), the bf16 note, and a well-formed plot naming the
 // ops.
