@@ -82,6 +82,7 @@ SHAPES = {
 CONV_WIDTH = 4
 PATHS = ("gdn", "vllm")  # gdn: the plugin on; vllm: vLLM's own path (the plugin switched off)
 PREFILL_RATIO, DECODE_RATIO, STATE_ERROR = 0.5, 2 / 3, 1e-5
+STOPPED_WARN = 0.05  # of a run's time the engine's thread neither ran nor waited for a CPU
 QUICK = dict(threads="1", rounds=2, prefill_long=512, prefill_batch="4x128", decode_steps=4,
              decode_prompt=4)
 
@@ -136,11 +137,11 @@ def build_model(path: str, shapes: str, gdn_layers: int, max_positions: int, see
 # ---------------------------------------------------------------------------------------------
 # In the engine's process: the timer, the cases, the state's error.
 # ---------------------------------------------------------------------------------------------
-def schedstat() -> tuple[int, int]:
-    """(run, wait) nanoseconds summed over this process's live threads: time on a CPU, and time
-    ready to run but waiting for one (the host's other load)."""
+def schedstat(pattern: str = "*") -> tuple[int, int]:
+    """(run, wait) nanoseconds summed over this process's live threads (or the one named): time
+    on a CPU, and time ready to run but waiting for one (the host's other load)."""
     run = wait = 0
-    for path in glob.glob("/proc/self/task/*/schedstat"):
+    for path in glob.glob(f"/proc/self/task/{pattern}/schedstat"):
         try:
             with open(path) as f:
                 fields = f.read().split()
@@ -293,9 +294,12 @@ def run_case(engine: Engine, case: dict, path: str, layers: int) -> dict:
     """One case on one path: its throughput and the GDN layers' time per step (all layers)."""
     import gdn.vllm
     gdn.vllm.set_enabled(path == "gdn")
-    before, sched = gdn.vllm.counters(), schedstat()
+    before, sched, main = gdn.vllm.counters(), schedstat(), schedstat(str(os.getpid()))
+    start = time.perf_counter()
     steps = engine.run(case["prompts"], case["max_tokens"])
-    after, sched_after = gdn.vllm.counters(), schedstat()
+    elapsed = time.perf_counter() - start
+    after, sched_after, main_after = (gdn.vllm.counters(), schedstat(),
+                                      schedstat(str(os.getpid())))
     calls = sum(len(s["calls"]) for s in steps)
     # The plugin's own counters say which path ran every call.
     ran = (after["gdn_calls"] - before["gdn_calls"] if path == "gdn"
@@ -328,10 +332,16 @@ def run_case(engine: Engine, case: dict, path: str, layers: int) -> dict:
     gdn_wall, gdn_cpu = reduce(x["wall"] for x in per_step), reduce(x["cpu"] for x in per_step)
     stages = {k: reduce(x[k] for x in per_step) * 1e3 for k in names}
     run, wait = sched_after[0] - sched[0], sched_after[1] - sched[1]
+    # The engine's thread computes or waits for a CPU throughout a run (the model runs in it, and
+    # it is one of the OpenMP team); time it spent neither way, it was stopped (SIGSTOP) or
+    # asleep, and the run's wall times say nothing about the paths.
+    accounted = (main_after[0] - main[0] + main_after[1] - main[1]) * 1e-9
+    stopped = max(0.0, 1.0 - accounted / elapsed) if accounted else None
     return dict(tokens_per_s=tokens / wall, wall_s=wall, steps=len(steps),
                 gdn_ms=gdn_wall * 1e3, gdn_cpu_ms=gdn_cpu * 1e3, stages_ms=stages,
                 gdn_calls=calls,
-                threads=sorted(threads), cpu_wait=wait / (run + wait) if run + wait else None)
+                threads=sorted(threads), cpu_wait=wait / (run + wait) if run + wait else None,
+                stopped=stopped)
 
 
 def prompts_for(config: dict) -> list[dict]:
@@ -434,7 +444,8 @@ def child_main(config_path: str) -> None:
                 results[case["name"]][path].append(res)
                 say(f"round {r + 1}/{config['rounds']} {case['name']:<16} {path:<4}: "
                     f"{res['tokens_per_s']:8.1f} tokens/s, GDN layers {res['gdn_ms']:8.2f} ms "
-                    f"per step (CPU wait {100 * (res['cpu_wait'] or 0):.0f} %)")
+                    f"per step (CPU wait {100 * (res['cpu_wait'] or 0):.0f} %"
+                    + (f", stopped {100 * res['stopped']:.0f} %" if res["stopped"] else "") + ")")
                 if capture:
                     check_state(path)
     with open(config["result"], "w") as f:
@@ -466,6 +477,7 @@ def summarize(run: dict) -> dict:
             row[p]["gdn_ms_range"] = [min(r["gdn_ms"] for r in rounds),
                                       max(r["gdn_ms"] for r in rounds)]
             row[p]["cpu_wait"] = statistics.median(r["cpu_wait"] or 0 for r in rounds)
+            row[p]["stopped_max"] = max(r.get("stopped") or 0 for r in rounds)
             stages = sorted({k for r in rounds for k in r.get("stages_ms", {})})
             row[p]["stages_ms"] = {k: statistics.median(r["stages_ms"].get(k, 0.0)
                                                         for r in rounds) for k in stages}
@@ -507,9 +519,10 @@ def table(result: dict) -> str:
         f"{rounds} round{'s' if rounds > 1 else ''} per case, the paths alternating; medians "
         f"(GDN ms: min-max over the rounds); ratio: the median of the rounds' gdn / vLLM",
         "",
-        f"{'':>7}  {'':<15} {'tokens/s':^24}   {'GDN layers, ms per step':^51}  {'CPU wait':>8}",
+        f"{'':>7}  {'':<15} {'tokens/s':^24}   {'GDN layers, ms per step':^51}  "
+        f"{'CPU time':>8}  {'CPU wait':>8}",
         f"{'threads':>7}  {'case':<15} {'gdn':>8} {'vLLM':>8} {'ratio':>6}   {'gdn':>20} "
-        f"{'vLLM':>22} {'ratio':>6} {'target':>11}  {'gdn/vLLM':>8}",
+        f"{'vLLM':>22} {'ratio':>6} {'target':>11}  {'ratio':>8}  {'gdn/vLLM':>8}",
     ]
 
     def ms(x):
@@ -524,7 +537,13 @@ def table(result: dict) -> str:
                 f"{run['threads']:>7}  {row['case']:<15} {g['tokens_per_s']:>8.1f} "
                 f"{vl['tokens_per_s']:>8.1f} {row['throughput_ratio']:>6.2f}   {ms(g):>20} "
                 f"{ms(vl):>22} {row['gdn_ratio']:>6.3f} <={row['target']:.2f} {verdict}  "
-                f"{100 * g['cpu_wait']:>3.0f}/{100 * vl['cpu_wait']:.0f} %")
+                f"{row['gdn_cpu_ratio']:>8.3f}  {100 * g['cpu_wait']:>3.0f}/"
+                f"{100 * vl['cpu_wait']:.0f} %")
+            stopped = max(g["stopped_max"], vl["stopped_max"])
+            if stopped > STOPPED_WARN:
+                lines.append(f"{'':>9}WARN: in a round of this case the engine's thread was "
+                             f"stopped or asleep {100 * stopped:.0f} % of the time: its wall "
+                             f"times are not the paths'; the CPU-time ratio still is")
     lines += ["", "where the GDN layers' time goes (ms per step, medians; the rest: Python, "
                   "slicing, copies):"]
     for run in result["runs"]:
