@@ -3,8 +3,8 @@
 // (Qwen3-Next heads by default, 16-bit or float32 activations, conv K = 4), and the chunked
 // forward alone on column views of the same qkv (q, k, v in the activation dtype, as
 // `gdn bench --op layer` times it), in alternating rounds: per round the CPU time of the
-// process and the wall time of each call, and their ratio. Then one profiled step: where its
-// time goes, stage by stage (src/cpu/profile.h). Not part of the library or the test suite;
+// process and the wall time of each call, and their ratio. Then one profiled run of each: where
+// its time goes, stage by stage (src/cpu/profile.h). Not part of the library or the test suite;
 // build with -DGDN_BUILD_DEV=ON.
 //
 //   layer_step_bench [--tokens 8192] [--threads 1] [--rounds 7] [--dtype bf16|f16|f32]
@@ -211,26 +211,35 @@ int main(int argc, char** argv) {
   summary("step wall ms", step_wall);
   summary("step/core wall", ratio_wall);
 
-  // One profiled step: the delta rule's stages together, then the layer's and the step's.
-  cpu::StageProfile profile;
-  Times tp{};
-  {
-    const cpu::ScopedStageProfile scope(&profile);
-    tp = timed(step);
-  }
-  double core_ms = 0, total = 0;
-  for (int i = 0; i < cpu::kStageCount; ++i) {
-    const double ms = 1e-6 * static_cast<double>(profile.ns[i].load());
-    total += ms;
-    if (i < static_cast<int>(cpu::Stage::layer_conv)) core_ms += ms;
-  }
-  std::printf("profiled step: %.1f ms wall, %.1f ms CPU, stages sum %.1f ms\n", tp.wall_ms,
-              tp.cpu_ms, total);
-  std::printf("  %-18s %9.1f ms\n", "delta rule", core_ms);
-  for (int i = static_cast<int>(cpu::Stage::layer_conv); i < cpu::kStageCount; ++i) {
-    std::printf("  %-18s %9.1f ms\n", cpu::stage_name(static_cast<cpu::Stage>(i)),
-                1e-6 * static_cast<double>(profile.ns[i].load()));
-  }
-  std::printf("  %-18s %9.1f ms\n", "(unstaged)", tp.wall_ms - total);
+  // One profiled run of each: the delta rule's stages (with their sum), then the layer's and the
+  // step's.
+  auto profiled = [&](const char* name, auto&& run) {
+    cpu::StageProfile profile;
+    Times tp{};
+    {
+      const cpu::ScopedStageProfile scope(&profile);
+      tp = timed(run);
+    }
+    double core_ms = 0, total = 0;
+    for (int i = 0; i < cpu::kStageCount; ++i) {
+      const double ms = 1e-6 * static_cast<double>(profile.ns[i].load());
+      total += ms;
+      if (i < static_cast<int>(cpu::Stage::layer_conv)) core_ms += ms;
+    }
+    std::printf("profiled %s: %.1f ms wall, %.1f ms CPU, stages sum %.1f ms\n", name, tp.wall_ms,
+                tp.cpu_ms, total);
+    std::printf("  %-18s %9.1f ms\n", "delta rule", core_ms);
+    for (int i = 0; i < cpu::kStageCount; ++i) {
+      const double ms = 1e-6 * static_cast<double>(profile.ns[i].load());
+      const bool layer = i >= static_cast<int>(cpu::Stage::layer_conv);
+      if (ms > 0 || layer) {
+        std::printf(layer ? "  %-18s %9.1f ms\n" : "    %-16s %9.1f ms\n",
+                    cpu::stage_name(static_cast<cpu::Stage>(i)), ms);
+      }
+    }
+    std::printf("  %-18s %9.1f ms\n", "(unstaged)", tp.wall_ms - total);
+  };
+  profiled("core", core);
+  profiled("step", step);
   return 0;
 }
