@@ -3,12 +3,14 @@
 // (Qwen3-Next heads by default, 16-bit or float32 activations, conv K = 4), and the chunked
 // forward alone on column views of the same qkv (q, k, v in the activation dtype, as
 // `gdn bench --op layer` times it), in alternating rounds: per round the CPU time of the
-// process and the wall time of each call, and their ratio. Then one profiled run of each: where
-// its time goes, stage by stage (src/cpu/profile.h). Not part of the library or the test suite;
-// build with -DGDN_BUILD_DEV=ON.
+// process and the wall time of each call, their ratio, and the minor page faults of each call.
+// Then one profiled run of each: where its time goes, stage by stage (src/cpu/profile.h). Not
+// part of the library or the test suite; build with -DGDN_BUILD_DEV=ON.
 //
 //   layer_step_bench [--tokens 8192] [--threads 1] [--rounds 7] [--dtype bf16|f16|f32]
 //                    [--pools f32|bf16] [--hk 16 --hv 32 --dk 128 --dv 128]
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -38,14 +40,24 @@ double wall_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+// Minor page faults of the process so far: a call that touches fresh memory pays the kernel's
+// zeroing of every page (2 MiB each under transparent huge pages) in its own CPU time.
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
 struct Times {
   double cpu_ms, wall_ms;
+  long faults;
 };
 template <class F>
 Times timed(F&& f) {
+  const long f0 = minor_faults();
   const double c0 = cpu_seconds(), w0 = wall_seconds();
   f();
-  return {1e3 * (cpu_seconds() - c0), 1e3 * (wall_seconds() - w0)};
+  return {1e3 * (cpu_seconds() - c0), 1e3 * (wall_seconds() - w0), minor_faults() - f0};
 }
 
 double median(std::vector<double> v) {
@@ -197,8 +209,9 @@ int main(int argc, char** argv) {
     ratio_wall.push_back(ts.wall_ms / tc.wall_ms);
     std::printf(
         "round %d: core %.1f cpu %.1f wall  step %.1f cpu %.1f wall  ratio %.3f cpu %.3f "
-        "wall\n",
-        r, tc.cpu_ms, tc.wall_ms, ts.cpu_ms, ts.wall_ms, ratio_cpu.back(), ratio_wall.back());
+        "wall  faults core %ld step %ld\n",
+        r, tc.cpu_ms, tc.wall_ms, ts.cpu_ms, ts.wall_ms, ratio_cpu.back(), ratio_wall.back(),
+        tc.faults, ts.faults);
   }
   auto summary = [](const char* name, const std::vector<double>& v) {
     std::printf("%-16s median %8.3f  min %8.3f  max %8.3f\n", name, median(v),
