@@ -3,12 +3,14 @@
 // (Qwen3-Next heads by default, 16-bit or float32 activations, conv K = 4), and the chunked
 // forward alone on column views of the same qkv (q, k, v in the activation dtype, as
 // `gdn bench --op layer` times it), in alternating rounds: per round the CPU time of the
-// process and the wall time of each call, and their ratio. Then one profiled step: where its
-// time goes, stage by stage (src/cpu/profile.h). Not part of the library or the test suite;
-// build with -DGDN_BUILD_DEV=ON.
+// process and the wall time of each call, their ratio, and the minor page faults of each call.
+// Then one profiled run of each: where its time goes, stage by stage (src/cpu/profile.h). Not
+// part of the library or the test suite; build with -DGDN_BUILD_DEV=ON.
 //
 //   layer_step_bench [--tokens 8192] [--threads 1] [--rounds 7] [--dtype bf16|f16|f32]
 //                    [--pools f32|bf16] [--hk 16 --hv 32 --dk 128 --dv 128]
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -38,14 +40,24 @@ double wall_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+// Minor page faults of the process so far: a call that touches fresh memory pays the kernel's
+// zeroing of every page (2 MiB each under transparent huge pages) in its own CPU time.
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
 struct Times {
   double cpu_ms, wall_ms;
+  long faults;
 };
 template <class F>
 Times timed(F&& f) {
+  const long f0 = minor_faults();
   const double c0 = cpu_seconds(), w0 = wall_seconds();
   f();
-  return {1e3 * (cpu_seconds() - c0), 1e3 * (wall_seconds() - w0)};
+  return {1e3 * (cpu_seconds() - c0), 1e3 * (wall_seconds() - w0), minor_faults() - f0};
 }
 
 double median(std::vector<double> v) {
@@ -197,8 +209,9 @@ int main(int argc, char** argv) {
     ratio_wall.push_back(ts.wall_ms / tc.wall_ms);
     std::printf(
         "round %d: core %.1f cpu %.1f wall  step %.1f cpu %.1f wall  ratio %.3f cpu %.3f "
-        "wall\n",
-        r, tc.cpu_ms, tc.wall_ms, ts.cpu_ms, ts.wall_ms, ratio_cpu.back(), ratio_wall.back());
+        "wall  faults core %ld step %ld\n",
+        r, tc.cpu_ms, tc.wall_ms, ts.cpu_ms, ts.wall_ms, ratio_cpu.back(), ratio_wall.back(),
+        tc.faults, ts.faults);
   }
   auto summary = [](const char* name, const std::vector<double>& v) {
     std::printf("%-16s median %8.3f  min %8.3f  max %8.3f\n", name, median(v),
@@ -211,26 +224,35 @@ int main(int argc, char** argv) {
   summary("step wall ms", step_wall);
   summary("step/core wall", ratio_wall);
 
-  // One profiled step: the delta rule's stages together, then the layer's and the step's.
-  cpu::StageProfile profile;
-  Times tp{};
-  {
-    const cpu::ScopedStageProfile scope(&profile);
-    tp = timed(step);
-  }
-  double core_ms = 0, total = 0;
-  for (int i = 0; i < cpu::kStageCount; ++i) {
-    const double ms = 1e-6 * static_cast<double>(profile.ns[i].load());
-    total += ms;
-    if (i < static_cast<int>(cpu::Stage::layer_conv)) core_ms += ms;
-  }
-  std::printf("profiled step: %.1f ms wall, %.1f ms CPU, stages sum %.1f ms\n", tp.wall_ms,
-              tp.cpu_ms, total);
-  std::printf("  %-18s %9.1f ms\n", "delta rule", core_ms);
-  for (int i = static_cast<int>(cpu::Stage::layer_conv); i < cpu::kStageCount; ++i) {
-    std::printf("  %-18s %9.1f ms\n", cpu::stage_name(static_cast<cpu::Stage>(i)),
-                1e-6 * static_cast<double>(profile.ns[i].load()));
-  }
-  std::printf("  %-18s %9.1f ms\n", "(unstaged)", tp.wall_ms - total);
+  // One profiled run of each: the delta rule's stages (with their sum), then the layer's and the
+  // step's.
+  auto profiled = [&](const char* name, auto&& run) {
+    cpu::StageProfile profile;
+    Times tp{};
+    {
+      const cpu::ScopedStageProfile scope(&profile);
+      tp = timed(run);
+    }
+    double core_ms = 0, total = 0;
+    for (int i = 0; i < cpu::kStageCount; ++i) {
+      const double ms = 1e-6 * static_cast<double>(profile.ns[i].load());
+      total += ms;
+      if (i < static_cast<int>(cpu::Stage::layer_conv)) core_ms += ms;
+    }
+    std::printf("profiled %s: %.1f ms wall, %.1f ms CPU, stages sum %.1f ms\n", name, tp.wall_ms,
+                tp.cpu_ms, total);
+    std::printf("  %-18s %9.1f ms\n", "delta rule", core_ms);
+    for (int i = 0; i < cpu::kStageCount; ++i) {
+      const double ms = 1e-6 * static_cast<double>(profile.ns[i].load());
+      const bool layer = i >= static_cast<int>(cpu::Stage::layer_conv);
+      if (ms > 0 || layer) {
+        std::printf(layer ? "  %-18s %9.1f ms\n" : "    %-16s %9.1f ms\n",
+                    cpu::stage_name(static_cast<cpu::Stage>(i)), ms);
+      }
+    }
+    std::printf("  %-18s %9.1f ms\n", "(unstaged)", tp.wall_ms - total);
+  };
+  profiled("core", core);
+  profiled("step", step);
   return 0;
 }

@@ -1,24 +1,23 @@
 // layer.cc: the fused layer op on the CPU: validate once, then
-//   conv1d + SiLU (src/cpu/conv1d-inl.h) into xh [T, D], the gates into g and beta [T, Hv],
-//   the gated delta rule on views of xh (q, k L2-normalised in the kernel),
-// and for the backward the same recomputation, the gated delta rule's backward into dxh, the
-// gates' backward and the conv's backward. Temporaries are the compute dtype; xh and dxh cost
-// T x D of it each (docs/perf.md), but in a forward without residuals, which runs window by
-// window through one xh of R x D (forward_windows; docs/memory.md, docs/perf_layer.md).
+//   forward: the gates into g and beta [T, Hv], and the gated delta rule on column views of
+//     qkv with the conv1d + SiLU fused into its packing (ForwardProblem::conv: each chunk's
+//     q, k and v rows computed from qkv as they are packed, src/cpu/conv1d-inl.h:
+//     conv_head_rows; q, k L2-normalised in the kernel), out written by it in any activation
+//     dtype: no [T, D] temporary (docs/memory.md, docs/perf_layer.md);
+//   backward: conv1d + SiLU (src/cpu/conv1d-inl.h) into xh [T, D], the gates, the gated delta
+//     rule's backward on views of xh into dxh, the gates' backward and the conv's backward.
+// Temporaries are the compute dtype; xh and dxh of the backward cost T x D of it each
+// (docs/perf.md).
 #include "gdn/layer.h"
 
-#include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <type_traits>
-#include <utility>
-#include <vector>
 
 #include "api/check_finite.h"
 #include "api/conv_parts.h"
 #include "api/layer_parts.h"
 #include "api/validate.h"
 #include "cpu/float_env.h"
+#include "cpu/forward.h"
 #include "cpu/layer.h"
 #include "cpu/profile.h"
 #include "gdn/runtime.h"
@@ -98,7 +97,7 @@ void run_gates(const LayerInputs& in, const LayerOptions& options, const detail:
                       static_cast<Real*>(w.g.raw()), static_cast<Real*>(w.beta.raw()));
 }
 
-// The gated delta rule's inputs: views of the first t rows of xh, g and beta.
+// The backward's gated delta rule inputs: views of the first t rows of xh, g and beta.
 ForwardInputs core_inputs(const LayerInputs& in, const LayerOptions& o, const Tensor& xh,
                           std::int64_t t, const Work& w) {
   const std::int64_t d = xh.size(1), qk = o.hk * o.dk;
@@ -111,9 +110,8 @@ ForwardInputs core_inputs(const LayerInputs& in, const LayerOptions& o, const Te
           in.cu_seqlens};
 }
 
-ForwardOptions core_options(const LayerOptions& o, Algorithm algorithm = Algorithm::automatic) {
+ForwardOptions core_options(const LayerOptions& o) {
   ForwardOptions f;
-  f.algorithm = algorithm;
   f.use_qk_l2norm = true;
   f.chunk_size = o.chunk_size;
   f.threads = o.threads;
@@ -122,195 +120,61 @@ ForwardOptions core_options(const LayerOptions& o, Algorithm algorithm = Algorit
   return f;
 }
 
-// 16-bit out rows [0, t) <- the float32 rows of o (width wide), each rounded once.
-template <class Real>
-void narrow_rows(const Real* o, std::int64_t t, std::int64_t width, const MutableTensorView& out) {
-  if (out.strides[1] == 1 && out.dtype == DType::bf16) {
-    for (std::int64_t i = 0; i < t; ++i) {
-      auto* row = static_cast<std::uint16_t*>(out.data) + i * out.strides[0];
-      const Real* from = o + i * width;
-      for (std::int64_t c = 0; c < width; ++c) {
-        row[c] = detail::bf16_from_float(static_cast<float>(from[c]));
-      }
-    }
-    return;
-  }
-  for (std::int64_t i = 0; i < t; ++i) {
-    for (std::int64_t c = 0; c < width; ++c) write<Real>(out, o[i * width + c], i, c);
-  }
+// The gated delta rule's inputs as the fused forward reads them: q, k and v the column views
+// of qkv (the kernels compute the conv's output from them as they pack each chunk,
+// ForwardProblem::conv), g and beta.
+ForwardInputs fused_core_inputs(const LayerInputs& in, const LayerOptions& o, const Work& w) {
+  const TensorView& x = in.qkv;
+  const auto elem = static_cast<std::int64_t>(dtype_size(x.dtype));
+  // An empty qkv may carry any strides (none is checked): no product of them is formed then.
+  const std::int64_t channel = x.sizes[0] == 0 ? 0 : x.strides[1];
+  auto columns = [&](std::int64_t first, std::int64_t heads, std::int64_t dim) {
+    return TensorView(static_cast<const char*>(x.data) + first * channel * elem, x.dtype, 3,
+                      Dims{x.sizes[0], heads, dim, 0},
+                      Dims{x.strides[0], dim * channel, channel, 0});
+  };
+  const std::int64_t qk = o.hk * o.dk;
+  return {columns(0, o.hk, o.dk),
+          columns(qk, o.hk, o.dk),
+          columns(2 * qk, o.hv, o.dv),
+          w.g.view(),
+          w.beta.view(),
+          in.recurrent_state,
+          in.cu_seqlens};
 }
 
-// The buffers the windows of one forward share: xh [W, D] and, for 16-bit activations with
-// out, the gated delta rule's float32 out [W, Hv Dv] (src/cpu/layer.h: kLayerWindowBytes).
-struct WindowBuffers {
-  Tensor xh, out32;
-};
-
-// The forward of `v`'s tokens (all of a call's, or one window's) with `buffers` of at least
-// v.tokens rows; the gated delta rule with `algorithm`.
-template <class Real>
-void forward_part(const LayerInputs& in, const LayerOutputs& out, const LayerOptions& options,
-                  const detail::ValidatedLayer& v, Algorithm algorithm, WindowBuffers& buffers) {
-  cpu::StageLaps laps;
-  Work w;
-  run_conv<Real>(in, options, v, w, static_cast<Real*>(buffers.xh.raw()));
-  laps.lap(cpu::Stage::layer_conv);
-  run_gates<Real>(in, options, v, w);
-  laps.lap(cpu::Stage::layer_gates);
-  // 16-bit activations: the gated delta rule writes float32 (its inputs are the conv's float32
-  // output), rounded into out once.
-  const bool with_out = out.out.present();
-  const bool narrow = with_out && v.dtype != v.compute_dtype;
-  const std::int64_t width = options.hv * options.dv;
-  const MutableTensorView core_out =
-      narrow ? MutableTensorView(buffers.out32.raw(), v.compute_dtype, 2, Dims{v.tokens, width},
-                                 Dims{width, 1})
-             : out.out;
-  // Without out the core writes only the states and residuals (gdn/forward.h), if any.
-  if (with_out || out.recurrent_state_out.present() || out.chunk_states.present() ||
-      out.t_inv.present()) {
-    chunk_gated_delta_rule_fwd(
-        core_inputs(in, options, buffers.xh, v.tokens, w),
-        {with_out ? heads_view(core_out, options.hv, options.dv) : MutableTensorView(),
-         out.recurrent_state_out, out.chunk_states, out.t_inv},
-        core_options(options, algorithm));
-  }
-  laps.skip();  // the gated delta rule's own stages
-  if (narrow) narrow_rows(static_cast<const Real*>(buffers.out32.raw()), v.tokens, width, out.out);
-  laps.lap(cpu::Stage::layer_out);
-  detail::write_final_conv_state<Real>(in.qkv, in.conv_state, v.sequences, v.taps,
-                                       out.conv_state_out);
-  laps.lap(cpu::Stage::layer_conv_state);
-}
-
-// Rows [r0, r1) along the first dimension (absent stays absent).
-template <class View>
-View slice(const View& v, std::int64_t r0, std::int64_t r1) {
-  if (!v.present()) return v;
-  View r = v;
-  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(v.data)>>,
-                                  const char, char>;
-  r.data = static_cast<Byte*>(v.data) +
-           r0 * v.strides[0] * static_cast<std::int64_t>(dtype_size(v.dtype));
-  r.sizes[0] = r1 - r0;
-  return r;
-}
-
-// The facts of tokens [t0, t1) of `v` holding the sequences `seqs` (starts from t0).
-void window_facts(const detail::ValidatedLayer& v, std::int64_t t0, std::int64_t t1,
-                  std::vector<detail::Sequence> seqs, detail::ValidatedLayer* w) {
-  w->tokens = t1 - t0;
-  w->channels = v.channels;
-  w->taps = v.taps;
-  w->dtype = v.dtype;
-  w->compute_dtype = v.compute_dtype;
-  w->core = v.core;
-  w->core.tokens = t1 - t0;
-  w->core.num_seqs = static_cast<std::int64_t>(seqs.size());
-  w->sequences = std::move(seqs);
-}
-
-// The forward of a long input in windows of `window` tokens (a multiple of the chunk size),
-// sharing one set of buffers: runs of whole sequences that fit in a window, as one call would
-// run them; a sequence longer than a window in pieces of `window` tokens, each starting from
-// the conv inputs and the float32 state the piece before it ended with, through the chunked
-// form (as one call runs a sequence of a window's length or more). No residuals.
-template <class Real>
-void forward_windows(const LayerInputs& in, const LayerOutputs& out, const LayerOptions& options,
-                     const detail::ValidatedLayer& v, std::int64_t window, WindowBuffers& buffers) {
-  LayerOptions o = options;
-  o.chunk_size = static_cast<int>(v.core.chunk_size);  // resolved once for every window
-  const auto n = static_cast<std::int64_t>(v.sequences.size());
-  const std::int64_t k = v.taps, d = v.channels;
-  // A split sequence between its pieces: its last K - 1 inputs and its state.
-  Tensor history, state;
-  for (std::int64_t s = 0; s < n;) {
-    const detail::Sequence& seq = v.sequences[static_cast<std::size_t>(s)];
-    if (seq.length <= window) {
-      std::int64_t e = s + 1, tokens = seq.length;
-      while (e < n && tokens + v.sequences[static_cast<std::size_t>(e)].length <= window) {
-        tokens += v.sequences[static_cast<std::size_t>(e++)].length;
-      }
-      const std::int64_t t0 = seq.start, t1 = seq.start + tokens;
-      std::vector<detail::Sequence> seqs;
-      Tensor cu(DType::i64, {e - s + 1});
-      cu.data<std::int64_t>()[0] = 0;
-      for (std::int64_t i = s; i < e; ++i) {
-        detail::Sequence q = v.sequences[static_cast<std::size_t>(i)];
-        q.start -= t0;
-        cu.data<std::int64_t>()[i - s + 1] = q.start + q.length;
-        seqs.push_back(q);
-      }
-      detail::ValidatedLayer wv;
-      window_facts(v, t0, t1, std::move(seqs), &wv);
-      LayerInputs wi = in;
-      wi.qkv = slice(in.qkv, t0, t1);
-      wi.a = slice(in.a, t0, t1);
-      wi.b = slice(in.b, t0, t1);
-      wi.conv_state = slice(in.conv_state, s, e);
-      wi.recurrent_state = slice(in.recurrent_state, s, e);
-      wi.cu_seqlens = cu.view();
-      const LayerOutputs wo{slice(out.out, t0, t1), slice(out.conv_state_out, s, e),
-                            slice(out.recurrent_state_out, s, e), MutableTensorView{},
-                            MutableTensorView{}};
-      forward_part<Real>(wi, wo, o, wv, Algorithm::automatic, buffers);
-      s = e;
-      continue;
-    }
-    for (std::int64_t p0 = 0; p0 < seq.length; p0 += window) {
-      const std::int64_t p1 = std::min(p0 + window, seq.length);
-      const bool first = p0 == 0, last = p1 == seq.length;
-      const std::int64_t t0 = seq.start + p0, t1 = seq.start + p1;
-      detail::ValidatedLayer wv;
-      window_facts(v, t0, t1, {{0, 0, p1 - p0, 0}}, &wv);
-      LayerInputs wi = in;
-      wi.qkv = slice(in.qkv, t0, t1);
-      wi.a = slice(in.a, t0, t1);
-      wi.b = slice(in.b, t0, t1);
-      wi.conv_state = first ? slice(in.conv_state, s, s + 1) : history.view();
-      wi.recurrent_state = first ? slice(in.recurrent_state, s, s + 1) : state.view();
-      wi.cu_seqlens = TensorView{};
-      if (!last && !state.present()) state = Tensor(v.compute_dtype, {1, o.hv, o.dk, o.dv});
-      const LayerOutputs wo{slice(out.out, t0, t1),
-                            last ? slice(out.conv_state_out, s, s + 1) : MutableTensorView{},
-                            last ? slice(out.recurrent_state_out, s, s + 1) : state.mutable_view(),
-                            MutableTensorView{}, MutableTensorView{}};
-      forward_part<Real>(wi, wo, o, wv, Algorithm::chunked, buffers);
-      if (!last && k > 1) {
-        // The next piece's conv history: this piece's last K - 1 inputs (window >= 8 > K - 1).
-        if (!history.present()) history = Tensor(v.compute_dtype, {1, k - 1, d});
-        Real* h = static_cast<Real*>(history.raw());
-        for (std::int64_t r = 0; r + 1 < k; ++r) {
-          for (std::int64_t c = 0; c < d; ++c)
-            h[r * d + c] = read<Real>(in.qkv, t1 - (k - 1) + r, c);
-        }
-      }
-    }
-    ++s;
-  }
-}
-
+// The forward: the conv's parameters and states in the kernel's layout, the gates, then the
+// gated delta rule over views of qkv with the conv fused into its packing, so that the conv's
+// output (a [T, D] xh) is neither written nor read back and out, of any activation dtype, is
+// written once by the kernels (docs/perf_layer.md); the new conv states.
 template <class Real>
 void layer_forward(const LayerInputs& in, const LayerOutputs& out, const LayerOptions& options,
                    const detail::ValidatedLayer& v) {
-  // Residuals are laid out by the chunks of the whole call: one window.
-  const bool residuals = out.chunk_states.present() || out.t_inv.present();
-  const int threads = options.threads > 0 ? options.threads : default_threads();
-  const std::int64_t window =
-      residuals ? v.tokens
-                : cpu::layer_window_tokens(v.channels, static_cast<std::int64_t>(sizeof(Real)),
-                                           v.core.chunk_size, threads);
-  const std::int64_t rows = std::min(window, v.tokens);
-  WindowBuffers buffers;
-  buffers.xh = Tensor(v.compute_dtype, {rows, v.channels});
-  if (out.out.present() && v.dtype != v.compute_dtype) {
-    buffers.out32 = Tensor(v.compute_dtype, {rows, options.hv * options.dv});
+  cpu::StageLaps laps;
+  Work w;
+  detail::prepare_conv<Real>(in.qkv, in.conv_weight, in.conv_bias, in.conv_state, v.sequences,
+                             v.taps, v.compute_dtype, false, nullptr, &w.conv);
+  laps.lap(cpu::Stage::layer_conv);
+  run_gates<Real>(in, options, v, w);
+  laps.lap(cpu::Stage::layer_gates);
+  // Without out the core writes only the states and residuals (gdn/forward.h), if any.
+  if (out.out.present() || out.recurrent_state_out.present() || out.chunk_states.present() ||
+      out.t_inv.present()) {
+    ForwardOptions core = core_options(options);
+    core.chunk_size = static_cast<int>(v.core.chunk_size);  // as validated for the layer
+    detail::ValidatedForward fwd;
+    detail::validate_forward(
+        fused_core_inputs(in, options, w),
+        {out.out.present() ? heads_view(out.out, options.hv, options.dv) : MutableTensorView(),
+         out.recurrent_state_out, out.chunk_states, out.t_inv},
+        core, detail::OutputPrecision::native, &fwd);
+    fwd.problem.conv = &w.conv.problem;
+    cpu::forward(fwd.problem, core.isa);
   }
-  if (v.tokens <= window) {
-    forward_part<Real>(in, out, options, v, Algorithm::automatic, buffers);
-  } else {
-    forward_windows<Real>(in, out, options, v, window, buffers);
-  }
+  laps.skip();  // the gated delta rule's own stages
+  detail::write_final_conv_state<Real>(in.qkv, in.conv_state, v.sequences, v.taps,
+                                       out.conv_state_out);
+  laps.lap(cpu::Stage::layer_conv_state);
 }
 
 template <class Real>

@@ -45,6 +45,8 @@ struct MatrixTensor {
   std::int64_t offset(std::int64_t index, std::int64_t h) const { return index * outer + h * head; }
 };
 
+struct ConvProblem;
+
 struct ForwardProblem {
   ForwardShape shape;
   std::int64_t group = 1;  // value heads per key head, Hv / Hk
@@ -62,6 +64,13 @@ struct ForwardProblem {
 
   TokenTensor<std::byte*> o;
   MatrixTensor<std::byte*> final_state, chunk_states, t_inv;
+
+  // The fused layer op's forward (src/api/layer.cc): when set, q, k and v are the [q heads |
+  // k heads | v heads] column views of conv->x (qkv), over the same sequences, and every row
+  // the forward kernels read of them is the conv's output, SiLU(conv(x)), computed as they pack
+  // it (src/cpu/conv1d-inl.h: conv_head_rows) with the conv kernel's arithmetic: no [T, D]
+  // conv output is written or read back. Null: q, k and v are read as they are.
+  const ConvProblem* conv = nullptr;
 };
 
 // A validated backward problem: the forward's inputs and options in `fwd` (its output fields

@@ -54,6 +54,10 @@ struct ChunkBuffers {
   std::uint32_t* qk_words = nullptr;  // [Q;K] along its rows, padded(ceil(Dk / 2)) words a row
   std::uint32_t* kt_words = nullptr;  // K^T as chunk_gram's B
   std::uint32_t* k_words = nullptr;   // K read transposed, as chunk_state's A
+  // The fused layer op's conv (ForwardProblem::conv): its staging (conv1d-inl.h:
+  // conv_head_rows) and the item's sequence index; null: q, k and v are read as they are.
+  Real* conv_stage = nullptr;
+  std::int64_t conv_seq = 0;
 
   ChunkBuffers() = default;
   ChunkBuffers(std::byte* workspace, const ChunkedLayout& l) {
@@ -106,7 +110,8 @@ void chunk_pack_words(std::int64_t n, std::int64_t dk, const ChunkedLayout& l,
 #endif
 }
 
-// Gathers the q and k rows of the n tokens of the chunk starting at token t0 for key head hk:
+// Gathers the q and k rows of the n tokens of the chunk starting at token t0 for key head hk
+// (the fused layer op's conv computes them, ChunkBuffers::conv_stage):
 // Q rows 0..n-1 (normalised and scaled), K rows n..2n-1, and K^T (in the buffers' qk_words,
 // kt_words and k_words too where they are set, and then K^T only there). Padding is zero.
 // With with_q = false the Q rows are left unwritten: a step without its output (the forward
@@ -120,14 +125,32 @@ void chunk_pack_qk(const detail::ForwardProblem& p, const detail::Sequence& seq,
   const Real scale = static_cast<Real>(p.scale);
   Real* q = b.qk;
   Real* k = b.qk + n * l.dkp;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t t = t0 + i;
+  if (b.conv_stage != nullptr) {
+    // The conv's output rows of the key head's q and k channels (ForwardProblem::conv).
+    const detail::ConvProblem& conv = *p.conv;
     if (with_q) {
-      pack_qk_row(q + i * l.dkp, token_at<In>(p.q, seq, t, hk), p.q.dim, dk, l.dkp, p.l2norm, scale,
-                  inv_norms != nullptr ? inv_norms + i : nullptr);
+      conv_head_rows<Real, In>(conv, seq, b.conv_seq, hk * dk, dk, t0, n, q, l.dkp, b.conv_stage);
+      for (std::int64_t i = 0; i < n; ++i) {
+        normalize_qk_row(q + i * l.dkp, l.dkp, p.l2norm, scale,
+                         inv_norms != nullptr ? inv_norms + i : nullptr);
+      }
     }
-    pack_qk_row(k + i * l.dkp, token_at<In>(p.k, seq, t, hk), p.k.dim, dk, l.dkp, p.l2norm,
-                static_cast<Real>(1), inv_norms != nullptr ? inv_norms + n + i : nullptr);
+    conv_head_rows<Real, In>(conv, seq, b.conv_seq, (p.shape.hk + hk) * dk, dk, t0, n, k, l.dkp,
+                             b.conv_stage);
+    for (std::int64_t i = 0; i < n; ++i) {
+      normalize_qk_row(k + i * l.dkp, l.dkp, p.l2norm, static_cast<Real>(1),
+                       inv_norms != nullptr ? inv_norms + n + i : nullptr);
+    }
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t t = t0 + i;
+      if (with_q) {
+        pack_qk_row(q + i * l.dkp, token_at<In>(p.q, seq, t, hk), p.q.dim, dk, l.dkp, p.l2norm,
+                    scale, inv_norms != nullptr ? inv_norms + i : nullptr);
+      }
+      pack_qk_row(k + i * l.dkp, token_at<In>(p.k, seq, t, hk), p.k.dim, dk, l.dkp, p.l2norm,
+                  static_cast<Real>(1), inv_norms != nullptr ? inv_norms + n + i : nullptr);
+    }
   }
   // K^T [Dk][cp], columns past n zero, by in-register block transposes (a scalar transpose
   // took 2.4 of the 9.7 us the packing needed at C = 64, Dk = 128, float, AVX-512); the
@@ -153,14 +176,21 @@ void chunk_gram(std::int64_t n, std::int64_t dk, const ChunkedLayout& l, ChunkBu
                     kLowerC, b.bf16, {qk_words_from(b, n, dk), b.kt_words});
 }
 
-// Gathers value head h's rows of the chunk: V (In), beta, g (Real), G and e^G. Padding is zero.
+// Gathers value head h's rows of the chunk: V (In, or the fused layer op's conv output), beta, g
+// (Real), G and e^G. Padding is zero.
 template <class Real, class In>
 void chunk_pack_v(const detail::ForwardProblem& p, const detail::Sequence& seq, std::int64_t h,
                   std::int64_t t0, std::int64_t n, const ChunkedLayout& l, ChunkBuffers<Real>& b) {
+  if (b.conv_stage != nullptr) {
+    const std::int64_t channel = 2 * p.shape.hk * p.shape.dk + h * p.shape.dv;
+    conv_head_rows<Real, In>(*p.conv, seq, b.conv_seq, channel, p.shape.dv, t0, n, b.v, l.dvp,
+                             b.conv_stage);
+  }
   Real running = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t t = t0 + i;
-    gather_row(b.v + i * l.dvp, token_at<In>(p.v, seq, t, h), p.v.dim, p.shape.dv, l.dvp);
+    if (b.conv_stage == nullptr)
+      gather_row(b.v + i * l.dvp, token_at<In>(p.v, seq, t, h), p.v.dim, p.shape.dv, l.dvp);
     b.g[i] = *token_at<Real>(p.g, seq, t, h);
     running += b.g[i];
     b.G[i] = running;
@@ -404,6 +434,11 @@ void chunked_item(const detail::ForwardProblem& p, std::int64_t s, std::int64_t 
       b.k_words = words + w.k;
     }
 #endif
+  }
+  if (p.conv != nullptr) {
+    b.conv_stage = reinterpret_cast<Real*>(workspace) + l.total +
+                   (p.bf16_operands ? bf16_key_words(dk, dv, c).end : 0);
+    b.conv_seq = s;
   }
   const std::int64_t state_size = dk * l.dvp;
   StageClock clock;

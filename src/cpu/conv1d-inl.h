@@ -68,23 +68,24 @@ inline Vec<Real> vsigmoid(Vec<Real> y) {
   return splat<Real>(1) / (splat<Real>(1) + vexp<Real>(-y));
 }
 
-// xh of channel vectors v .. v + NV - 1 for n tokens (out + t * ld, t < n) from input rows[0 ..
-// n + K - 1): the K weights in registers, a window of the last K inputs sliding down the tokens,
-// NV vectors side by side (workspace.h: kConvColumnVectors); each lane's arithmetic is the same
-// whatever NV.
+// Outputs of channel vectors v .. v + NV - 1 for n tokens (out + t * ld, t < n) from input
+// rows[0 .. n + K - 1) (element v on): the K weights (w + i * w_ld, tap i) and the bias of the
+// vector's channels in registers, a window of the last K inputs sliding down the tokens, NV
+// vectors side by side (workspace.h: kConvColumnVectors); each lane's arithmetic is the same
+// whatever NV, and whatever the rows' or the weights' layout (the fused layer op's conv rows,
+// conv_head_rows, are the bits of xh).
 template <class Real, int K, bool kStream, bool kSilu, int NV>
-inline void conv_column(const detail::ConvProblem& p, const Real* const* rows, std::int64_t v,
-                        std::int64_t n, Real* out, std::int64_t ld) {
+inline void conv_column(const Real* w, std::int64_t w_ld, const Real* bias, const Real* const* rows,
+                        std::int64_t v, std::int64_t n, Real* out, std::int64_t ld) {
   constexpr int W = kLanes<Real>;
-  const Real* w = reinterpret_cast<const Real*>(p.weight) + v;
   Vec<Real> wv[NV][K], a[NV][K], b[NV];
 #pragma GCC unroll 8
   for (int u = 0; u < NV; ++u) {
 #pragma GCC unroll 8
-    for (int i = 0; i < K; ++i) wv[u][i] = load(w + i * p.cpad + u * W);
+    for (int i = 0; i < K; ++i) wv[u][i] = load(w + i * w_ld + u * W);
 #pragma GCC unroll 8
     for (int i = 0; i < K - 1; ++i) a[u][i] = load(rows[i] + v + u * W);
-    b[u] = load(reinterpret_cast<const Real*>(p.bias) + v + u * W);
+    b[u] = load(bias + u * W);
   }
   for (std::int64_t t = 0; t < n; ++t) {
     Vec<Real> y[NV];
@@ -112,6 +113,18 @@ inline void conv_column(const detail::ConvProblem& p, const Real* const* rows, s
   }
 }
 
+// conv_column with the SiLU or without it (ConvProblem::silu), chosen outside its loop.
+template <class Real, int K, bool kStream, int NV>
+inline void conv_columns(bool silu, const Real* w, std::int64_t w_ld, const Real* bias,
+                         const Real* const* rows, std::int64_t v, std::int64_t n, Real* out,
+                         std::int64_t ld) {
+  if (silu) {
+    conv_column<Real, K, kStream, true, NV>(w, w_ld, bias, rows, v, n, out, ld);
+  } else {
+    conv_column<Real, K, kStream, false, NV>(w, w_ld, bias, rows, v, n, out, ld);
+  }
+}
+
 // Forward of tokens [t0, t1) of sequence s with K taps, in sub-blocks of kConvSub tokens: per
 // channel vector the K weights stay in registers and a window of the last K inputs slides down
 // the sub-block, so each input is loaded once per vector. Input rows (x, and the conv state's)
@@ -126,6 +139,8 @@ void conv_forward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_
   const std::int64_t cp = p.cpad, channels = p.channels;
   const detail::Sequence& seq = p.seqs[s];
   const Real* x = reinterpret_cast<const Real*>(p.x);
+  const Real* w = reinterpret_cast<const Real*>(p.weight);
+  const Real* b = reinterpret_cast<const Real*>(p.bias);
   Real* xh_base = reinterpret_cast<Real*>(p.xh);
   Real* stage = reinterpret_cast<Real*>(workspace);  // K - 1 + S rows of cp
   Real* tail = stage + (K - 1 + S) * cp;             // the channel tail of S tokens, a vector each
@@ -164,26 +179,21 @@ void conv_forward_taps(const detail::ConvProblem& p, std::int64_t s, std::int64_
     std::int64_t v = 0;
     for (; v + NV * W <= whole; v += NV * W) {
       if (streamed) {
-        p.silu ? conv_column<Real, K, true, true, NV>(p, rows, v, n, xh + v, channels)
-               : conv_column<Real, K, true, false, NV>(p, rows, v, n, xh + v, channels);
+        conv_columns<Real, K, true, NV>(p.silu, w + v, cp, b + v, rows, v, n, xh + v, channels);
       } else {
-        p.silu ? conv_column<Real, K, false, true, NV>(p, rows, v, n, xh + v, channels)
-               : conv_column<Real, K, false, false, NV>(p, rows, v, n, xh + v, channels);
+        conv_columns<Real, K, false, NV>(p.silu, w + v, cp, b + v, rows, v, n, xh + v, channels);
       }
     }
     for (; v < whole; v += W) {
       if (streamed) {
-        p.silu ? conv_column<Real, K, true, true, 1>(p, rows, v, n, xh + v, channels)
-               : conv_column<Real, K, true, false, 1>(p, rows, v, n, xh + v, channels);
+        conv_columns<Real, K, true, 1>(p.silu, w + v, cp, b + v, rows, v, n, xh + v, channels);
       } else {
-        p.silu ? conv_column<Real, K, false, true, 1>(p, rows, v, n, xh + v, channels)
-               : conv_column<Real, K, false, false, 1>(p, rows, v, n, xh + v, channels);
+        conv_columns<Real, K, false, 1>(p.silu, w + v, cp, b + v, rows, v, n, xh + v, channels);
       }
     }
     // A padded store would run into the next row: the tail vector goes through `tail`.
     if (whole < channels) {
-      p.silu ? conv_column<Real, K, false, true, 1>(p, rows, whole, n, tail, W)
-             : conv_column<Real, K, false, false, 1>(p, rows, whole, n, tail, W);
+      conv_columns<Real, K, false, 1>(p.silu, w + whole, cp, b + whole, rows, whole, n, tail, W);
     }
     for (std::int64_t t = 0; t < n && whole < channels; ++t) {
       for (std::int64_t c = whole; c < channels; ++c)
@@ -215,6 +225,100 @@ void conv_forward_item(const detail::ConvProblem& p, std::int64_t s, std::int64_
       return conv_forward_taps<Real, In, 7>(p, s, t0, t1, workspace);
     default:
       return conv_forward_taps<Real, In, 8>(p, s, t0, t1, workspace);
+  }
+}
+
+// The fused layer op's conv (ForwardProblem::conv), as the forward kernels pack their rows:
+// out rows i < n (ld apart) = SiLU(conv(x)) (or conv(x)) of inputs j0 + i of sequence s (`seq`,
+// its index `s` for the conv state), over channels [c0, c0 + width), zeros in [width,
+// padded(width)). Sub-blocks of kConvSub tokens through conv_column, so every lane is computed
+// as conv_forward_taps computes it: the bits of the xh it writes. The inputs are read in place
+// when they are Real, contiguous and the head is whole vectors wide; otherwise staged (widened,
+// zero padded) in `stage` (workspace.h: conv_rows_elements), where a head's last partial
+// vector also takes its weights and bias, zeros past the head (y = 0 there, and SiLU(0) = 0).
+template <class Real, class In, int K>
+void conv_head_rows_taps(const detail::ConvProblem& p, const detail::Sequence& seq, std::int64_t s,
+                         std::int64_t c0, std::int64_t width, std::int64_t j0, std::int64_t n,
+                         Real* out, std::int64_t ld, Real* stage) {
+  constexpr int W = kLanes<Real>;
+  constexpr int NV = kConvColumnVectors;
+  constexpr std::int64_t S = kConvSub;
+  const std::int64_t row = padded(width), whole = width / W * W;
+  const std::int64_t vectors = (width + W - 1) / W * W;
+  const Real* w = reinterpret_cast<const Real*>(p.weight) + c0;
+  const Real* b = reinterpret_cast<const Real*>(p.bias) + c0;
+  Real* tail = stage + (K - 1 + S) * row;  // the last partial vector's K weights, then its bias
+  if (whole < width) {
+    for (int i = 0; i <= K; ++i) {
+      const Real* from = i < K ? w + i * p.cpad : b;
+      for (std::int64_t u = 0; u < W; ++u)
+        tail[i * W + u] = whole + u < width ? from[whole + u] : 0;
+    }
+  }
+  const bool in_place = __is_same(Real, In) && p.x_channel == 1 && whole == width;
+  const std::int64_t state_block = p.state_in == nullptr      ? -1
+                                   : p.state_block != nullptr ? p.state_block[s]
+                                                              : s;
+  const In* x = reinterpret_cast<const In*>(p.x);
+  const Real* rows[K - 1 + S];
+  for (std::int64_t i0 = 0; i0 < n; i0 += S) {
+    const std::int64_t m = min64(S, n - i0);
+    for (std::int64_t r = 0; r < K - 1 + m; ++r) {
+      const std::int64_t j = j0 + i0 - (K - 1) + r;
+      Real* staged = stage + r * row;
+      rows[r] = staged;
+      if (j >= 0) {
+        const In* src = x + (seq.start + j) * p.x_token + c0 * p.x_channel;
+        if (in_place) {
+          rows[r] = reinterpret_cast<const Real*>(src);
+        } else {
+          gather_row(staged, src, p.x_channel, width, row);
+        }
+      } else if (state_block >= 0) {
+        const Real* src = conv_state_row<Real>(p, state_block, j) + c0;
+        if (whole == width) {
+          rows[r] = src;
+        } else {
+          gather_row(staged, src, 1, width, row);
+        }
+      } else {
+        fill<Real>(staged, row, 0);
+      }
+    }
+    Real* o = out + i0 * ld;
+    std::int64_t v = 0;
+    for (; v + NV * W <= whole; v += NV * W)
+      conv_columns<Real, K, false, NV>(p.silu, w + v, p.cpad, b + v, rows, v, m, o + v, ld);
+    for (; v < whole; v += W)
+      conv_columns<Real, K, false, 1>(p.silu, w + v, p.cpad, b + v, rows, v, m, o + v, ld);
+    if (whole < width)
+      conv_columns<Real, K, false, 1>(p.silu, tail, W, tail + K * W, rows, whole, m, o + whole, ld);
+    for (std::int64_t i = 0; i < m && vectors < row; ++i)
+      fill<Real>(o + i * ld + vectors, row - vectors, 0);
+  }
+}
+
+template <class Real, class In>
+void conv_head_rows(const detail::ConvProblem& p, const detail::Sequence& seq, std::int64_t s,
+                    std::int64_t c0, std::int64_t width, std::int64_t j0, std::int64_t n, Real* out,
+                    std::int64_t ld, Real* stage) {
+  switch (p.taps) {
+    case 1:
+      return conv_head_rows_taps<Real, In, 1>(p, seq, s, c0, width, j0, n, out, ld, stage);
+    case 2:
+      return conv_head_rows_taps<Real, In, 2>(p, seq, s, c0, width, j0, n, out, ld, stage);
+    case 3:
+      return conv_head_rows_taps<Real, In, 3>(p, seq, s, c0, width, j0, n, out, ld, stage);
+    case 4:
+      return conv_head_rows_taps<Real, In, 4>(p, seq, s, c0, width, j0, n, out, ld, stage);
+    case 5:
+      return conv_head_rows_taps<Real, In, 5>(p, seq, s, c0, width, j0, n, out, ld, stage);
+    case 6:
+      return conv_head_rows_taps<Real, In, 6>(p, seq, s, c0, width, j0, n, out, ld, stage);
+    case 7:
+      return conv_head_rows_taps<Real, In, 7>(p, seq, s, c0, width, j0, n, out, ld, stage);
+    default:
+      return conv_head_rows_taps<Real, In, 8>(p, seq, s, c0, width, j0, n, out, ld, stage);
   }
 }
 

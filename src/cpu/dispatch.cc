@@ -141,7 +141,10 @@ std::size_t forward_workspace_bytes(const detail::ForwardProblem& p, std::int64_
       chunked_layout(p.shape.dk, p.shape.dv, p.chunk_size, heads).total +
       (p.bf16_operands ? bf16_key_words(p.shape.dk, p.shape.dv, p.chunk_size).end : 0);
   const std::int64_t recurrent = recurrent_layout(p.shape.dk, p.shape.dv).total;
-  return static_cast<std::size_t>((chunked > recurrent ? chunked : recurrent) * elem);
+  // The fused layer op's conv rows come after either (workspace.h: conv_rows_elements).
+  const std::int64_t conv =
+      p.conv != nullptr ? conv_rows_elements(p.conv->taps, p.shape.dk, p.shape.dv) : 0;
+  return static_cast<std::size_t>(((chunked > recurrent ? chunked : recurrent) + conv) * elem);
 }
 
 std::size_t backward_workspace_bytes(const detail::BackwardProblem& p, std::int64_t heads,

@@ -182,6 +182,18 @@ inline void queue_tokens(const detail::TokenTensor<Pointer>& x, const detail::Se
 inline float sqrt_real(float x) { return __builtin_sqrtf(x); }
 inline double sqrt_real(double x) { return __builtin_sqrt(x); }
 
+// A packed q or k row (zeros past its elements) scaled in place as pack_qk_row scales it.
+template <class Real>
+inline void normalize_qk_row(Real* dst, std::int64_t padded_n, bool l2norm, Real scale,
+                             Real* inv_norm = nullptr) {
+  if (l2norm) {
+    const Real norm = sqrt_real(dot(dst, dst, padded_n) + static_cast<Real>(1e-6));
+    if (inv_norm != nullptr) *inv_norm = 1 / norm;
+    scale /= norm;
+  }
+  scale_row(dst, padded_n, scale);
+}
+
 // A q or k row into the workspace: dst[0..n) = src * scale, or with l2norm
 // src * scale / sqrt(sum(src^2) + 1e-6) (the sum of squares in Real); dst[n..padded_n) = 0.
 // Contiguous rows of the compute type take a vector path (the sum of squares accumulated in
@@ -199,10 +211,5 @@ inline void pack_qk_row(Real* dst, const In* src, std::int64_t stride, std::int6
   } else {
     gather_row(dst, src, stride, n, padded_n);
   }
-  if (l2norm) {
-    const Real norm = sqrt_real(dot(dst, dst, padded_n) + static_cast<Real>(1e-6));
-    if (inv_norm != nullptr) *inv_norm = 1 / norm;
-    scale /= norm;
-  }
-  scale_row(dst, padded_n, scale);
+  normalize_qk_row(dst, padded_n, l2norm, scale, inv_norm);
 }

@@ -1,9 +1,6 @@
 // layer.cc: the conv1d + SiLU drivers and the decode driver (see layer.h).
 #include "cpu/layer.h"
 
-#include <algorithm>
-#include <atomic>
-#include <cstring>
 #include <vector>
 
 #include "cpu/kernels.h"
@@ -77,31 +74,6 @@ void conv_backward(const detail::ConvProblem& p, CpuIsa isa, int threads) {
   } else {
     sum_partials<float>(p, partials.data(), count);
   }
-}
-
-namespace {
-std::atomic<std::int64_t> g_forced_window{0};
-}  // namespace
-
-std::int64_t layer_window_tokens(std::int64_t channels, std::int64_t element_bytes,
-                                 std::int64_t chunk, int threads) {
-  const std::int64_t forced = g_forced_window.load(std::memory_order_acquire);
-  std::int64_t tokens = 0;
-  if (forced > 0) {
-    tokens = std::max<std::int64_t>(forced, 8);
-  } else {
-    const std::int64_t row = channels * element_bytes;
-    tokens = row > 0 ? kLayerWindowBytes / row : kLayerWindowBytes;
-    tokens = std::max<std::int64_t>({tokens, kConvTokens * threads, 64});
-  }
-  return (tokens + chunk - 1) / chunk * chunk;
-}
-
-ScopedLayerWindow::ScopedLayerWindow(std::int64_t tokens)
-    : previous_(g_forced_window.exchange(tokens, std::memory_order_acq_rel)) {}
-
-ScopedLayerWindow::~ScopedLayerWindow() {
-  g_forced_window.store(previous_, std::memory_order_release);
 }
 
 void decode(const detail::DecodeProblem& p, CpuIsa isa, int threads) {

@@ -10,12 +10,14 @@ std::atomic<StageProfile*> g_profile{nullptr};
 }  // namespace
 
 const char* stage_name(Stage stage) {
+  // clang-format off
   static constexpr const char* kNames[kStageCount] = {
-      "states",     "pack_qk",     "gram",      "pack_v",           "kkt",
-      "solve",      "residuals",   "wy",        "output",           "write_o",
-      "state",      "rebuild",     "recompute", "read_do",          "values",
-      "mst",        "gates",       "dqk",       "dstate",           "write_dqk",
-      "layer_conv", "layer_gates", "layer_out", "layer_conv_state", "step_slots"};
+      "states",     "pack_qk",     "gram",             "pack_v",     "kkt",
+      "solve",      "residuals",   "wy",               "output",     "write_o",
+      "state",      "rebuild",     "recompute",        "read_do",    "values",
+      "mst",        "gates",       "dqk",              "dstate",     "write_dqk",
+      "layer_conv", "layer_gates", "layer_conv_state", "step_slots"};
+  // clang-format on
   const int i = static_cast<int>(stage);
   return i >= 0 && i < kStageCount ? kNames[i] : "unknown";
 }

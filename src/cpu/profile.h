@@ -19,9 +19,10 @@ namespace gdn::cpu {
 // src/cpu/chunked_bwd-inl.h say what each computes).
 enum class Stage : int {
   states,     // initial and final states (forward), dS in and out (backward)
-  pack_qk,    // read q, k of a chunk, L2-normalise, K^T (once per key head)
+  pack_qk,    // read q, k of a chunk (the fused layer op: conv1d + SiLU of qkv), L2-normalise,
+              // K^T (once per key head)
   gram,       // [Q;K] K^T (once per key head)
-  pack_v,     // read v, g, beta; G, e^G
+  pack_v,     // read v (the fused layer op: conv1d + SiLU of qkv), g, beta; G, e^G
   kkt,        // the decay masks: P, L (and Gamma, B in the backward)
   solve,      // T^-1 by forward substitution
   residuals,  // store (forward) or load (backward) chunk_states and t_inv
@@ -40,9 +41,9 @@ enum class Stage : int {
   write_dqk,  // backward: the L2-norm backward and writing dq, dk
   // The fused layer op's forward (src/api/layer.cc) and a serving step's prefills
   // (src/api/step.cc) around the gated delta rule, whose stages are the ones above.
-  layer_conv,        // conv parameters and states in the kernel's layout, conv1d + SiLU (xh)
+  layer_conv,        // conv parameters and states in the kernel's layout (the conv1d + SiLU
+                     // itself runs in pack_qk and pack_v)
   layer_gates,       // g and beta
-  layer_out,         // 16-bit activations: the delta rule's float32 out rounded into out
   layer_conv_state,  // the new conv states
   step_slots,        // a step's prefills: start states read from and final states written to slots
   count,

@@ -94,14 +94,27 @@ void recurrent_head(const detail::ForwardProblem& p, std::int64_t s, std::int64_
   Real* ks = w + l.ks;
   Real* qs = w + l.qs;
 
+  // The fused layer op's conv (ForwardProblem::conv): its rows one token at a time.
+  Real* conv_stage = p.conv != nullptr ? w + l.total : nullptr;
+
   load_matrix<Real, Real>(state, dk, dv, l.dvp, p.initial_state, s, h);
   for (std::int64_t t = 0; t < seq.length; ++t) {
     if (t % c == 0)
       store_matrix<Real>(p.chunk_states, seq.first_chunk + t / c, h, state, dk, dv, l.dvp);
-    pack_qk_row(q, token_at<In>(p.q, seq, t, hk), p.q.dim, dk, l.dkp, p.l2norm, scale);
-    pack_qk_row(k, token_at<In>(p.k, seq, t, hk), p.k.dim, dk, l.dkp, p.l2norm,
-                static_cast<Real>(1));
-    gather_row(v, token_at<In>(p.v, seq, t, h), p.v.dim, dv, l.dvp);
+    if (conv_stage != nullptr) {
+      conv_head_rows<Real, In>(*p.conv, seq, s, hk * dk, dk, t, 1, q, l.dkp, conv_stage);
+      normalize_qk_row(q, l.dkp, p.l2norm, scale);
+      conv_head_rows<Real, In>(*p.conv, seq, s, (p.shape.hk + hk) * dk, dk, t, 1, k, l.dkp,
+                               conv_stage);
+      normalize_qk_row(k, l.dkp, p.l2norm, static_cast<Real>(1));
+      conv_head_rows<Real, In>(*p.conv, seq, s, 2 * p.shape.hk * dk + h * dv, dv, t, 1, v, l.dvp,
+                               conv_stage);
+    } else {
+      pack_qk_row(q, token_at<In>(p.q, seq, t, hk), p.q.dim, dk, l.dkp, p.l2norm, scale);
+      pack_qk_row(k, token_at<In>(p.k, seq, t, hk), p.k.dim, dk, l.dkp, p.l2norm,
+                  static_cast<Real>(1));
+      gather_row(v, token_at<In>(p.v, seq, t, h), p.v.dim, dv, l.dvp);
+    }
     const Real alpha =
         static_cast<Real>(__builtin_exp(static_cast<double>(*token_at<Real>(p.g, seq, t, h))));
     const Real beta = *token_at<Real>(p.beta, seq, t, h);

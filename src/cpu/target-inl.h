@@ -35,9 +35,9 @@ namespace {
 #include "cpu/prefetch-inl.h"
 #include "cpu/gemm-inl.h"
 #include "cpu/io-inl.h"
+#include "cpu/conv1d-inl.h"
 #include "cpu/chunked_fwd-inl.h"
 #include "cpu/chunked_bwd-inl.h"
-#include "cpu/conv1d-inl.h"
 #include "cpu/recurrent_fwd-inl.h"
 #include "cpu/decode-inl.h"
 // clang-format on

@@ -212,6 +212,15 @@ static constexpr std::int64_t conv_workspace_elements(std::int64_t taps, std::in
                   : (taps - 1 + kConvSub) * cpad + kConvSub * kPad;
 }
 
+// The fused layer op's conv rows (ForwardProblem::conv; conv1d-inl.h: conv_head_rows), after a
+// forward item's own scratch: K - 1 + kConvSub staged input rows of the widest head, padded,
+// and the weights and bias of a head's last partial vector (K + 1 vectors).
+static constexpr std::int64_t conv_rows_elements(std::int64_t taps, std::int64_t dk,
+                                                 std::int64_t dv) {
+  const std::int64_t row = padded(dk) > padded(dv) ? padded(dk) : padded(dv);
+  return (taps - 1 + kConvSub) * row + (taps + 1) * kPad;
+}
+
 struct RecurrentLayout {
   std::int64_t dkp, dvp;
   std::int64_t state;      // S [Dk][dvp]

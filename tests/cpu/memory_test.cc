@@ -201,28 +201,19 @@ test::ProblemSpec core_of(const test::LayerSpec& l) {
   return s;
 }
 
-// docs/memory.md, the layer op's forward: the conv's output xh [R, D] and the gates g,
-// beta [R, Hv] of a window of R tokens (all T with residuals); the conv's weight layout and
-// initial states; a split sequence's conv history and state; conv workspaces; the core op's.
+// docs/memory.md, the layer op's forward: the gates g, beta [T, Hv], the conv's weight layout
+// and initial states, and the core op's workspaces with the conv rows each thread stages (its
+// conv runs inside the core's packing: no xh).
 std::int64_t layer_forward_formula(const test::LayerSpec& l, const ForwardOptions& core,
                                    bool residuals) {
   std::int64_t t = 0;
   for (std::int64_t len : l.lengths) t += len;
   const std::int64_t d = l.channels(), cpad = (d + 15) / 16 * 16, k = l.taps;
   const auto n = static_cast<std::int64_t>(l.lengths.size());
-  const std::int64_t chunk = core.chunk_size > 0 ? core.chunk_size : 64;
-  // The window (docs/memory.md): 16 MiB of xh, or 256 tokens per thread, or 64 tokens, whichever
-  // is most, rounded up to a whole number of chunks.
-  const std::int64_t fit = std::max<std::int64_t>(
-      {(std::int64_t{16} << 20) / (kF32 * d), 256 * std::int64_t{kThreads}, 64});
-  const std::int64_t r = residuals ? t : std::min(t, (fit + chunk - 1) / chunk * chunk);
-  test::LayerSpec window = l;  // the core op's problem of one window
-  window.lengths = {r};
-  return kF32 * (r * d + 2 * r * l.hv + (k + 1) * cpad + (l.conv_state ? n * (k - 1) * d : 0) +
-                 (k - 1) * d + l.hv * l.dk * l.dv) +
-         kThreads * kF32 * ((k - 1 + 16) * cpad + 256) +
-         std::max(workspaces(plan_problem(PlanOp::forward, core_of(l), residuals), core),
-                  workspaces(plan_problem(PlanOp::forward, core_of(window), residuals), core));
+  const std::int64_t row = (std::max(l.dk, l.dv) + 15) / 16 * 16;
+  return kF32 * (2 * t * l.hv + (k + 1) * cpad + (l.conv_state ? n * (k - 1) * d : 0)) +
+         kThreads * kF32 * ((k - 1 + 16) * row + (k + 1) * 16) +
+         workspaces(plan_problem(PlanOp::forward, core_of(l), residuals), core);
 }
 
 // The layer op's forward as the backward recomputes it: xh [T, D] and g, beta [T, Hv], the
@@ -243,9 +234,9 @@ ForwardOptions layer_core_options() {
   return o;
 }
 
-// The layer forward (T = 8192, D = 1024: an xh of every token would be 32 MiB; windows of 4096
-// tokens take 16 MiB, the sequence of 6000 tokens in two pieces).
-TEST_F(Memory, LayerForwardTakesXhGatesAndWorkspaces) {
+// The layer forward (T = 8192, D = 1024: an xh of every token would be 32 MiB, one of a window
+// of 4096 tokens 16 MiB; the fused conv takes neither).
+TEST_F(Memory, LayerForwardTakesGatesAndWorkspacesButNoXh) {
   const test::LayerSpec s = layer_spec();
   const test::LayerProblem p = test::make_layer_problem(s);
   LayerOptions o = p.options();

@@ -161,7 +161,7 @@ TEST(StageProfile, BackwardStagesByPolicyAndSameResults) {
   }
 }
 
-// A step's prefill with 16-bit activations: the layer's stages (conv, gates, out rounded, conv
+// A step's prefill with 16-bit activations: the layer's stages (conv parameters, gates, conv
 // states), the step's slots and the delta rule's own, bit for bit the same results.
 TEST(StageProfile, StepPrefillStagesAndSameResults) {
   step_test::StepSpec spec;
@@ -196,13 +196,19 @@ TEST(StageProfile, StepPrefillStagesAndSameResults) {
     EXPECT_TRUE(test::bit_identical(profiled.rec_pool, plain.rec_pool, "rec pool, " + what));
     std::set<Stage> got = stages_with_time(profile);
     got.erase(Stage::residuals);  // only tests for absent tensors (see above)
-    const std::set<Stage> expected = {Stage::states,     Stage::pack_qk,
-                                      Stage::gram,       Stage::pack_v,
-                                      Stage::kkt,        Stage::solve,
-                                      Stage::wy,         Stage::output,
-                                      Stage::write_o,    Stage::state,
-                                      Stage::layer_conv, Stage::layer_gates,
-                                      Stage::layer_out,  Stage::layer_conv_state,
+    const std::set<Stage> expected = {Stage::states,
+                                      Stage::pack_qk,
+                                      Stage::gram,
+                                      Stage::pack_v,
+                                      Stage::kkt,
+                                      Stage::solve,
+                                      Stage::wy,
+                                      Stage::output,
+                                      Stage::write_o,
+                                      Stage::state,
+                                      Stage::layer_conv,
+                                      Stage::layer_gates,
+                                      Stage::layer_conv_state,
                                       Stage::step_slots};
     EXPECT_EQ(got, expected) << what;
     EXPECT_LE(total_ns(profile), wall) << what;

@@ -57,11 +57,9 @@ const char* what_of(cpu::Stage s) {
     case cpu::Stage::write_dqk:
       return "L2-norm backward; write dq, dk";
     case cpu::Stage::layer_conv:
-      return "layer: conv1d + SiLU into xh";
+      return "layer: conv parameters and states";
     case cpu::Stage::layer_gates:
       return "layer: g, beta";
-    case cpu::Stage::layer_out:
-      return "layer: float32 out rounded to 16 bits";
     case cpu::Stage::layer_conv_state:
       return "layer: the new conv states";
     case cpu::Stage::step_slots:
