@@ -31,9 +31,10 @@ def vllm_path():
 
 class Layer:
     """What vLLM's CPU GDN call reads of QwenGatedDeltaNetAttention, with its pools as strided
-    views of one paged buffer: page = conv [K - 1, D] bf16, a gap, SSM [Hv, Dv, Dk], a tail."""
+    views of one paged buffer: page = conv [K - 1 + num_spec, D] bf16 (vLLM's rolling buffer
+    when speculative decoding is configured), a gap, SSM [Hv, Dv, Dk], a tail."""
 
-    def __init__(self, ssm_dtype, seed=0):
+    def __init__(self, ssm_dtype, seed=0, num_spec=0, slots=SLOTS):
         g = torch.Generator().manual_seed(seed)
         self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim = HK, HV, DK, DV
         self.tp_size, self.activation = 1, "silu"
@@ -42,17 +43,18 @@ class Layer:
         self.conv1d = types.SimpleNamespace(weight=weight, bias=None)
         self.A_log = torch.linspace(0.5, 16.0, HV).log()
         self.dt_bias = torch.linspace(-1.0, 1.0, HV).bfloat16()
-        conv_bytes, ssm_bytes = (K - 1) * D * 2, HV * DV * DK * ssm_dtype.itemsize
+        self.num_spec, columns = num_spec, K - 1 + num_spec
+        conv_bytes, ssm_bytes = columns * D * 2, HV * DV * DK * ssm_dtype.itemsize
         gap, page = 512, conv_bytes + 512 + ssm_bytes + 256
-        self.pages = torch.randn(SLOTS, page // 4, generator=g).view(torch.uint8)
-        conv = self.pages.view(torch.bfloat16)[:, :conv_bytes // 2].view(SLOTS, K - 1, D)
+        self.pages = torch.randn(slots, page // 4, generator=g).view(torch.uint8)
+        conv = self.pages.view(torch.bfloat16)[:, :conv_bytes // 2].view(slots, columns, D)
         start = (conv_bytes + gap) // ssm_dtype.itemsize
         ssm = self.pages.view(ssm_dtype)[:, start:start + ssm_bytes // ssm_dtype.itemsize]
-        self.kv_cache = (conv, ssm.view(SLOTS, HV, DV, DK))
+        self.kv_cache = (conv, ssm.view(slots, HV, DV, DK))
         assert not self.kv_cache[0].is_contiguous() and not self.kv_cache[1].is_contiguous()
         with torch.no_grad():  # states of a plausible size (the pages start as random bits)
-            self.kv_cache[0].copy_(torch.randn(SLOTS, K - 1, D, generator=g))
-            self.kv_cache[1].copy_(torch.randn(SLOTS, HV, DV, DK, generator=g) * 0.1)
+            self.kv_cache[0].copy_(torch.randn(slots, columns, D, generator=g))
+            self.kv_cache[1].copy_(torch.randn(slots, HV, DV, DK, generator=g) * 0.1)
 
     def rearrange_mixed_qkv(self, x):
         q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -60,7 +62,7 @@ class Layer:
                      for t, d in ((q, DK), (k, DK), (v, DV)))
 
     def copy(self, ssm_dtype):
-        other = Layer(ssm_dtype)
+        other = Layer(ssm_dtype, num_spec=self.num_spec, slots=self.pages.shape[0])
         other.pages.copy_(self.pages)
         other.conv1d.weight, other.A_log, other.dt_bias = (
             self.conv1d.weight, self.A_log, self.dt_bias)

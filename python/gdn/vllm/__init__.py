@@ -11,20 +11,27 @@ plugin in each of its processes (``register`` below), and a startup line says so
     print(llm.generate(["The gated delta rule"], SamplingParams(max_tokens=16)))
 
 ``GDN_VLLM=0`` turns it off (vLLM's own path runs), as does leaving ``gdn`` out of vLLM's
-``VLLM_PLUGINS`` list. What gdn cannot take runs on vLLM's own path, with one logged line per
-reason saying why: speculative decoding (gdn's step has vLLM's speculative layout, but the
-plugin does not route vLLM's speculative path to it yet), the "DS" conv state layout
-(``VLLM_SSM_CONV_STATE_LAYOUT=DS``), an activation other than SiLU, dtypes or conv widths the
-library does not take. docs/vllm.md has the details and the choice of hook.
+``VLLM_PLUGINS`` list. Speculative decoding runs on gdn too: vLLM's spec-aware call (the
+rolling conv buffer, the SSM state after each draft token in its block-table slot, accepted
+prefixes), the windows and prefills of a step in one ``fused_gdn_step``::
+
+    llm = LLM(model="path/to/Qwen3-Next-model", dtype="bfloat16",
+              speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                  "prompt_lookup_max": 3, "prompt_lookup_min": 2})
+
+What gdn cannot take runs on vLLM's own path, with one logged line per reason saying why: the
+"DS" conv state layout (``VLLM_SSM_CONV_STATE_LAYOUT=DS``), an activation other than SiLU,
+dtypes or conv widths the library does not take. docs/vllm.md has the details and the choice of
+hook.
 
 Threads: a GDN call runs on torch's thread count, which in vLLM's CPU worker is the number of
 CPUs vLLM bound the worker to (``VLLM_CPU_OMP_THREADS_BIND``); at the first call the plugin puts
 gdn's helper threads on those CPUs other than the caller's (``_threads.py``, docs/vllm.md
 "Threads"), and logs where they run.
 
-``counters()`` says what ran in this process (gdn calls by batch kind, fallbacks by reason); with
-``GDN_VLLM_COUNTERS`` naming a directory, each process also writes its counters there as
-``<pid>.json`` after every call, for tests of multiprocess engines.
+``counters()`` says what ran in this process (gdn calls by batch kind, speculative windows,
+fallbacks by reason); with ``GDN_VLLM_COUNTERS`` naming a directory, each process also writes
+its counters there as ``<pid>.json`` after every call, for tests of multiprocess engines.
 """
 
 from __future__ import annotations
@@ -39,14 +46,16 @@ import threading
 logger = logging.getLogger("vllm.gdn")
 
 _lock = threading.Lock()
-_state = {"registered": False, "enabled": True, "logged": set(), "original_nonspec": None}
+_state = {"registered": False, "enabled": True, "logged": set(), "original_nonspec": None,
+          "original_spec": None}
 _counters: dict = {}
 
 
 def _reset_counters() -> None:
     _counters.clear()
     _counters.update(gdn_calls=0, vllm_calls_off=0, decode_only=0, prefill_only=0, mixed=0,
-                     continued_prefill=0, padded=0, fallbacks={})
+                     continued_prefill=0, padded=0, spec_decode=0, spec_mixed=0,
+                     spec_accepted=0, spec_short=0, fallbacks={})
 
 
 _reset_counters()
@@ -57,6 +66,10 @@ def counters() -> dict:
     gdn ran), of them ``decode_only``, ``prefill_only`` and ``mixed`` batches,
     ``continued_prefill`` (calls with a prefill continuing from its slot: chunked prefill),
     ``padded`` (calls whose metadata had padding entries past the live sequences);
+    ``spec_decode`` (calls with speculative decode windows, counted as decodes above), of them
+    ``spec_mixed`` (with prefills beside the windows), ``spec_accepted`` (a window resuming
+    after accepted draft tokens: ``num_accepted_tokens`` above 1) and ``spec_short`` (a window
+    shorter than 1 + n tokens: fewer drafts than ``num_speculative_tokens``);
     ``fallbacks`` {reason: calls vLLM's path ran}; ``vllm_calls_off`` (calls while switched off
     with ``set_enabled(False)``)."""
     with _lock:
@@ -123,37 +136,54 @@ def _unsupported(layer, mixed_qkv) -> str | None:
     return None
 
 
-def _batch_kind(metadata) -> None:
-    decodes, prefills = metadata.num_decodes, metadata.num_prefills
+def _batch_kind(metadata, windows: int = 0) -> None:
+    """Counts the call by kind; ``windows`` speculative windows count as decodes (vLLM's
+    ``num_decodes`` is then 0, its one-token sequences being prefills)."""
+    decodes, prefills = metadata.num_decodes + windows, metadata.num_prefills
     kind = "mixed" if decodes and prefills else ("decode_only" if decodes else "prefill_only")
     _counters[kind] += 1
-    has = metadata.has_initial_state
-    if prefills and has is not None and bool(has[decodes:decodes + prefills].any()):
+    has, first = metadata.has_initial_state, metadata.num_decodes
+    if prefills and has is not None and bool(has[first:first + prefills].any()):
         _counters["continued_prefill"] += 1
-    if metadata.non_spec_state_indices_tensor.shape[0] > decodes + prefills:
+    slots = metadata.non_spec_state_indices_tensor
+    if slots is not None and slots.shape[0] > metadata.num_decodes + prefills:
         _counters["padded"] += 1
 
 
-def _nonspec(layer, metadata, mixed_qkv, b, a, core_attn_out) -> None:
-    """Stands in for vLLM's ``_cpu_gdn_attention_nonspec`` (same arguments)."""
-    original = _state["original_nonspec"]
+def _spec_kind(metadata) -> None:
+    windows = 0 if metadata.spec_sequence_masks is None else metadata.num_spec_decodes
+    _batch_kind(metadata, windows)
+    if not windows:
+        return
+    _counters["spec_decode"] += 1
+    _counters["spec_mixed"] += bool(metadata.num_prefills)
+    _counters["spec_accepted"] += bool((metadata.num_accepted_tokens[:windows] > 1).any())
+    lengths = metadata.spec_query_start_loc[:windows + 1].diff()
+    _counters["spec_short"] += bool(
+        (lengths < metadata.spec_state_indices_tensor.shape[1]).any())
+
+
+def _run_on_gdn(run_name, count, original, layer, metadata, mixed_qkv, b, a, core_attn_out,
+                *rest) -> None:
+    """One GDN layer call: on gdn (``_layer.<run_name>``), or on vLLM's ``original`` when
+    switched off or when gdn cannot take it (logged)."""
     if not _state["enabled"]:
         with _lock:
             _counters["vllm_calls_off"] += 1
-        return original(layer, metadata, mixed_qkv, b, a, core_attn_out)
+        return original(layer, metadata, mixed_qkv, b, a, core_attn_out, *rest)
     if _state.get("active_line") is not None:
         _announce()
     reason = _unsupported(layer, mixed_qkv)
     if reason is not None:
         _fallback(reason)
-        return original(layer, metadata, mixed_qkv, b, a, core_attn_out)
+        return original(layer, metadata, mixed_qkv, b, a, core_attn_out, *rest)
     if "threads" not in _state:
         _place_threads()
     from gdn.vllm import _layer
-    _layer.run(layer, metadata, mixed_qkv, b, a, core_attn_out)
+    getattr(_layer, run_name)(layer, metadata, mixed_qkv, b, a, core_attn_out)
     with _lock:
         _counters["gdn_calls"] += 1
-        _batch_kind(metadata)
+        count(metadata)
         _write_counters()
 
 
@@ -174,23 +204,24 @@ def _place_threads() -> None:
                     placement["bound"] or "none")
 
 
-def _spec_aware(original):
-    def spec_aware(layer, metadata, *args, **kwargs):
-        """Stands in for vLLM's ``_cpu_gdn_attention_spec_aware``: vLLM's path, logged."""
-        if _state["enabled"]:
-            _fallback("speculative decoding is configured (gdn's step has vLLM's speculative "
-                      "layout, but this plugin does not route vLLM's speculative path to it yet)")
-        else:
-            with _lock:
-                _counters["vllm_calls_off"] += 1
-        return original(layer, metadata, *args, **kwargs)
-    return spec_aware
+def _nonspec(layer, metadata, mixed_qkv, b, a, core_attn_out) -> None:
+    """Stands in for vLLM's ``_cpu_gdn_attention_nonspec`` (same arguments)."""
+    _run_on_gdn("run", _batch_kind, _state["original_nonspec"], layer, metadata, mixed_qkv, b, a,
+                core_attn_out)
+
+
+def _spec_aware(layer, metadata, mixed_qkv, b, a, core_attn_out, width, state_len) -> None:
+    """Stands in for vLLM's ``_cpu_gdn_attention_spec_aware`` (same arguments; ``width`` and
+    ``state_len``, the conv width and the buffer's columns, are the layer's and its pool's)."""
+    _run_on_gdn("run_spec", _spec_kind, _state["original_spec"], layer, metadata, mixed_qkv, b,
+                a, core_attn_out, width, state_len)
 
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: vLLM calls it in each of its processes (and may
-    call it again). On vLLM's CPU platform, unless ``GDN_VLLM=0``, it points vLLM's CPU GDN call
-    at gdn and logs one line saying which gdn variant runs."""
+    call it again). On vLLM's CPU platform, unless ``GDN_VLLM=0``, it points vLLM's CPU GDN
+    calls (non-speculative and speculative-aware) at gdn and logs one line saying which gdn
+    variant runs."""
     with _lock:
         if _state["registered"]:
             return
@@ -215,9 +246,9 @@ def register() -> None:
         logger.warning("gdn.vllm: not active: this vLLM's CPU GDN path is not the one gdn "
                        "knows (vLLM 0.32's gdn_attention module): %s", e)
         return
-    _state["original_nonspec"] = nonspec
+    _state["original_nonspec"], _state["original_spec"] = nonspec, spec_aware
     gdn_attention._cpu_gdn_attention_nonspec = _nonspec
-    gdn_attention._cpu_gdn_attention_spec_aware = _spec_aware(spec_aware)
+    gdn_attention._cpu_gdn_attention_spec_aware = _spec_aware
 
     def register_ops_and_announce():
         # Each GDN layer calls this when vLLM builds the model, after vLLM set up its logging.

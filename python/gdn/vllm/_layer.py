@@ -16,6 +16,21 @@ What vLLM 0.32.0's CPU path hands over (read in its ``gdn_attention.py``, ``gdn_
   kernels read as [slots, Hv, Dk, Dv] (they ``view`` it so), gdn's order. Both are views into
   vLLM's pages: each slot's conv and SSM state share one padded page, so the slot stride is
   the page's, not the state's.
+
+With speculative decoding configured (``_cpu_gdn_attention_spec_aware``), the conv pool is a
+rolling buffer [slots, K - 1 + n, D] (n speculative tokens) and the metadata splits the batch:
+- ``num_spec_decodes`` windows (1 + the drafts of a decode, 1 to 1 + n tokens; a decode that
+  got no drafts is a window of one token), their block-table rows ``spec_state_indices_tensor``
+  [R, 1 + n] (the conv buffer in column 0's slot, the SSM state after window token t in column
+  t's), ``num_accepted_tokens`` [R] (of the window before) and boundaries
+  ``spec_query_start_loc``;
+- the other sequences (prefills, chunked continuations; one-token prompt chunks count as
+  prefills beside windows) in the ``non_spec_*`` fields and ``has_initial_state``, as above;
+  they use columns [0, K - 1) of their conv slot;
+- which of the batch's tokens belong to which: ``spec_token_indx`` and ``non_spec_token_indx``
+  (the engine orders short sequences first, so a short prefill chunk may sit among the windows).
+``spec_sequence_masks`` is None in a batch without windows (the prompt steps): then the batch
+is a non-speculative one over columns [0, K - 1) of the buffers.
 """
 
 from __future__ import annotations
@@ -70,9 +85,17 @@ def ssm_pool(layer) -> Tensor:
     return ssm.view(slots, heads, k_dim, v_dim)
 
 
-def run(layer, metadata, mixed_qkv: Tensor, b: Tensor, a: Tensor, core_attn_out: Tensor) -> None:
+def _heads(layer) -> dict:
+    return dict(num_k_heads=layer.num_k_heads // layer.tp_size,
+                num_v_heads=layer.num_v_heads // layer.tp_size,
+                head_k_dim=layer.head_k_dim, head_v_dim=layer.head_v_dim)
+
+
+def run(layer, metadata, mixed_qkv: Tensor, b: Tensor, a: Tensor, core_attn_out: Tensor,
+        conv_pool: Tensor | None = None) -> None:
     """vLLM's non-speculative GDN call on gdn: every live sequence of the batch (decodes,
-    fresh and continued prefills) in one ``fused_gdn_step``; padding entries are cut off."""
+    fresh and continued prefills) in one ``fused_gdn_step``; padding entries are cut off.
+    ``conv_pool``: the conv pool to use (default ``layer.kv_cache[0]``)."""
     n = metadata.num_decodes + metadata.num_prefills
     tokens = metadata.num_decode_tokens + metadata.num_prefill_tokens
     slots = metadata.non_spec_state_indices_tensor[:n]
@@ -80,13 +103,60 @@ def run(layer, metadata, mixed_qkv: Tensor, b: Tensor, a: Tensor, core_attn_out:
     has = metadata.has_initial_state
     has = None if has is None else has[:n]
     w, bias, a_log, dt_bias = float32_params(layer)
-    heads = dict(num_k_heads=layer.num_k_heads // layer.tp_size,
-                 num_v_heads=layer.num_v_heads // layer.tp_size,
-                 head_k_dim=layer.head_k_dim, head_v_dim=layer.head_v_dim)
+    heads = _heads(layer)
     # vLLM's pools as they are (strided views into its pages): gdn's step reads and writes the
     # batch's slots in place through the slot stride; nothing is gathered or copied back.
+    conv = layer.kv_cache[0] if conv_pool is None else conv_pool
     out = gdn.torch.fused_gdn_step(mixed_qkv[:tokens], a[:tokens], b[:tokens], w, a_log, dt_bias,
-                                   layer.kv_cache[0], ssm_pool(layer), slots, cu_seqlens, has,
+                                   conv, ssm_pool(layer), slots, cu_seqlens, has,
                                    conv_bias=bias, **heads)
     core_attn_out[:tokens] = out.view(tokens, heads["num_v_heads"], heads["head_v_dim"])
 
+
+def run_spec(layer, metadata, mixed_qkv: Tensor, b: Tensor, a: Tensor,
+             core_attn_out: Tensor) -> None:
+    """vLLM's speculative-aware GDN call on gdn: the windows and the other live sequences of
+    the batch in one ``fused_gdn_step`` in vLLM's speculative layout (the windows first, as the
+    step takes them); padding entries are cut off."""
+    windows = 0 if metadata.spec_sequence_masks is None else metadata.num_spec_decodes
+    if windows == 0:
+        # No window (a prompt step while speculation is configured): ordinary sequences, which
+        # keep their conv state in columns [0, K - 1) of the buffer; the rest stays as it is.
+        taps = conv_weight(layer).shape[-1]
+        return run(layer, metadata, mixed_qkv, b, a, core_attn_out,
+                   conv_pool=layer.kv_cache[0][:, :taps - 1])
+    table = metadata.spec_state_indices_tensor[:windows]
+    accepted = metadata.num_accepted_tokens[:windows]
+    spec_cu = metadata.spec_query_start_loc[:windows + 1]
+    spec_tokens = int(spec_cu[windows])
+    others = metadata.num_decodes + metadata.num_prefills
+    order = None  # order[i]: the batch token that is the step's token i (None: token i)
+    if others == 0:
+        tokens, slots, cu_seqlens, has = spec_tokens, table[:, 0], spec_cu, None
+    else:
+        other_cu = metadata.non_spec_query_start_loc[:others + 1]
+        tokens = spec_tokens + int(other_cu[others])
+        slots = torch.cat([table[:, 0], metadata.non_spec_state_indices_tensor[:others]])
+        cu_seqlens = torch.cat([spec_cu, other_cu[1:] + spec_tokens])
+        other_has = metadata.has_initial_state
+        other_has = (torch.ones(others, dtype=torch.bool) if other_has is None
+                     else other_has[:others])
+        has = torch.cat([torch.ones(windows, dtype=torch.bool), other_has])
+        order = torch.cat([metadata.spec_token_indx, metadata.non_spec_token_indx]).long()
+        if torch.equal(order, torch.arange(tokens)):
+            order = None  # the windows' tokens come first already: no gather, no scatter
+    if order is None:
+        qkv, a_, b_ = mixed_qkv[:tokens], a[:tokens], b[:tokens]
+    else:
+        qkv, a_, b_ = (x.index_select(0, order) for x in (mixed_qkv, a, b))
+    w, bias, a_log, dt_bias = float32_params(layer)
+    heads = _heads(layer)
+    out = gdn.torch.fused_gdn_step(qkv, a_, b_, w, a_log, dt_bias, layer.kv_cache[0],
+                                   ssm_pool(layer), slots, cu_seqlens, has, conv_bias=bias,
+                                   spec_state_indices=table, num_accepted_tokens=accepted,
+                                   **heads)
+    out = out.view(tokens, heads["num_v_heads"], heads["head_v_dim"])
+    if order is None:
+        core_attn_out[:tokens] = out
+    else:
+        core_attn_out.index_copy_(0, order, out.to(core_attn_out.dtype))
