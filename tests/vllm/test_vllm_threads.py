@@ -4,7 +4,8 @@ it) told to bind its threads to two CPUs (GOMP_CPU_AFFINITY / KMP_AFFINITY, OMP_
 vllm/utils/ompmultiprocessing.py sets them), which pins the main thread to the first. Without
 the plugin's placement every gdn helper inherits that one CPU (the measurement is in
 docs/vllm.md, "Threads"); with it, the helpers run on the other bound CPU. Each case runs in a
-fresh interpreter (the runtime binds at load time); a few seconds each."""
+fresh interpreter (the runtime binds at load time); a few seconds each. The last test runs the
+threads benchmark's argument parsing alone."""
 
 import glob
 import json
@@ -91,3 +92,16 @@ def test_pool_is_left_alone_in_a_process_without_a_binding():
     placement, main, helpers = run_probe({})
     assert placement["bound"] == [] and placement["pool"] == [], placement
     assert helpers == [main] * len(helpers), (helpers, main)
+
+
+def test_threads_benchmark_prints_its_help_and_refuses_an_unknown_mode():
+    """bench/vllm_threads.py (the measurement behind docs/vllm.md, "Threads") parses its
+    arguments before it imports vLLM: --help and a bad --modes cost no engine start."""
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "vllm_threads.py")
+    result = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and "--quick" in result.stdout, result.stderr
+    result = subprocess.run([sys.executable, script, "--modes", "gdn-1,gdn-3"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--modes" in result.stderr, result.stderr
+    assert "'gdn-1', 'gdn-3'" in result.stderr, result.stderr  # what was given
