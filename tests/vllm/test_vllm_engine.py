@@ -49,7 +49,8 @@ def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     models.qwen3_next(root / "qwen3_next")
     models.qwen3_5(root / "qwen3_5")
-    return {"qwen3_next": str(root / "qwen3_next"), "qwen3_5": str(root / "qwen3_5")}
+    models.qwen3_5_moe(root / "qwen3_5_moe")
+    return {name: str(root / name) for name in ("qwen3_next", "qwen3_5", "qwen3_5_moe")}
 
 
 def make_engine(model, multiprocess, **kwargs):
@@ -211,6 +212,14 @@ def compiled_qwen3_5(model_dirs, eager_qwen3_next):
     close_engine(llm)
 
 
+@pytest.fixture(scope="module")
+def eager_qwen3_5_moe(model_dirs, compiled_qwen3_5):
+    # after the other in-process engines: all of them run before a test closes an engine
+    llm = make_engine(model_dirs["qwen3_5_moe"], multiprocess=False, enforce_eager=True)
+    yield both_paths(llm)
+    close_engine(llm)
+
+
 def test_in_process_eager_qwen3_next_matches_vllm_path(eager_qwen3_next, float32_logprobs):
     ours, counts, theirs = eager_qwen3_next
     check_against_vllm_path(ours, theirs)
@@ -222,6 +231,15 @@ def test_in_process_compiled_qwen3_5_matches_vllm_path(compiled_qwen3_5, float32
     ours, counts, theirs = compiled_qwen3_5
     check_against_vllm_path(ours, theirs)
     check_against_float32(ours, theirs, float32_logprobs["qwen3_5"])
+    check_counters(counts)
+
+
+def test_in_process_eager_qwen3_5_moe_matches_vllm_path(eager_qwen3_5_moe, float32_logprobs):
+    """Qwen3.5 MoE (vLLM's Qwen3_5MoeForCausalLM): its GDN layers are Qwen3.5's, reached through
+    the same call, with an MoE block (one expert) after each."""
+    ours, counts, theirs = eager_qwen3_5_moe
+    check_against_vllm_path(ours, theirs)
+    check_against_float32(ours, theirs, float32_logprobs["qwen3_5_moe"])
     check_counters(counts)
 
 
