@@ -1,6 +1,6 @@
-"""gdn.vllm inside vLLM's CPU engine: tiny random Qwen3-Next and Qwen3.5 models (tests/vllm/
-models.py), token-id prompts of several lengths with max_num_batched_tokens = 64, so that the
-engine runs fresh and chunked (continued) prefills, decodes and batches mixing them.
+"""gdn.vllm inside vLLM's CPU engine: tiny random Qwen3-Next, Qwen3.5 and Qwen3.5 MoE models
+(tests/vllm/models.py), token-id prompts of several lengths with max_num_batched_tokens = 64, so
+that the engine runs fresh and chunked (continued) prefills, decodes and batches mixing them.
 
 Bounds. vLLM's own path and gdn's differ in the GDN layers' arithmetic alone (vLLM's kernels
 keep bf16 intermediates, gdn float32), and both hand bf16 activations to the next layer: the
