@@ -29,7 +29,7 @@ The figures of a shared host are noisy; compare only rows of one run. Run it wit
 environment's interpreter (docs/vllm.md, "Install").
 
 Examples:
-  .venv-vllm/bin/python bench/vllm_threads.py --quick   # a smoke run, about 2 minutes
+  .venv-vllm/bin/python bench/vllm_threads.py --quick   # a smoke run, about 3 minutes
   .venv-vllm/bin/python bench/vllm_threads.py
   .venv-vllm/bin/python bench/vllm_threads.py --rounds 5 --prefill 2048 --decode-seqs 64
   LD_PRELOAD=.venv-vllm/lib/libiomp5.so .venv-vllm/bin/python bench/vllm_threads.py  # Intel OMP
@@ -47,8 +47,9 @@ import tempfile
 import time
 
 MODES = ("vllm", "gdn-1", "gdn-N-inherit", "gdn-N")
-# (default, --quick): a quick run (about 2 minutes past vLLM's start on this project's 2-vCPU
-# host) to see that everything works and where the threads run, not figures to quote
+# (default, --quick): a quick run (2 min 49 s in all, vLLM's start included, on this project's
+# 2-vCPU host at a load average of 5 to 8; the default run 5 min 48 s with --rounds 5) to see
+# that everything works and where the threads run, not figures to quote
 SIZES = dict(rounds=(3, 1), prefill=(512, 128), decode_seqs=(16, 8), decode_steps=(8, 4),
              layer_reps=(20, 4))
 
