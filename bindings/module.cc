@@ -428,6 +428,14 @@ NB_MODULE(_gdn, m) {
       [] { return std::string(gdn::cpu_isa_name(gdn::resolve_cpu_isa(gdn::CpuIsa::automatic))); },
       "The CPU kernel variant calls run on this machine (avx512, avx2 or generic).");
   m.def("default_threads", &gdn::default_threads, "Threads a call with threads = 0 uses.");
+  m.def(
+      "set_pool_cpus", [](const std::vector<int>& cpus) { gdn::set_pool_cpus(cpus); },
+      nb::arg("cpus"),
+      "Where the library's pool threads run: each may run on any CPU of ``cpus`` (the "
+      "system's CPU numbers), threads already started from their next task on. gdn.vllm "
+      "places them on the CPUs vLLM bound its worker to (docs/vllm.md, \"Threads\"); until "
+      "it is called a pool thread runs where the thread that started it could. ValueError "
+      "naming ``cpus`` for an empty list or a CPU this system lacks (nothing changes then).");
   m.def("check_finite_from_environment", &gdn::check_finite_from_environment,
         "True when GDN_CHECK_FINITE=1 puts every call in check mode (read once per process).");
   m.def("core_shape", &core_shape);

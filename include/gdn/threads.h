@@ -21,6 +21,7 @@
 #pragma once
 
 #include <functional>
+#include <span>
 
 namespace gdn {
 
@@ -52,5 +53,17 @@ class ScopedExecutor {
 // The library's own pool, which calls use when no ScopedExecutor is installed: helpers()
 // is default_threads() - 1 or more, its threads are started when a call first needs them.
 Executor& default_executor();
+
+// Where the library's pool threads run: each may run on any CPU of `cpus` (the system's CPU
+// numbers), from its next task on for the threads already started, from the start for later
+// ones. Until it is called a pool thread runs where the thread that started it could (a new
+// thread inherits its creator's CPU mask): in a process whose OpenMP runtime bound the main
+// thread to one CPU, as vLLM's CPU worker does, every helper would share the caller's CPU
+// (docs/vllm.md, "Threads"). The calling threads themselves are left alone. The system keeps a
+// thread within the CPUs its process may use: CPUs outside them are ignored, and a thread stays
+// where it was if none is left. No effect outside GNU/Linux.
+// Throws gdn::InvalidArgument naming `cpus` for an empty list or a number that is not one of
+// this system's CPUs, and then changes nothing.
+void set_pool_cpus(std::span<const int> cpus);
 
 }  // namespace gdn

@@ -19,6 +19,6 @@ checkout), and each says which to install when its framework is missing.
 PyTorch custom ops and ``patch(model)`` for transformers' Qwen3-Next / Qwen3.5; docs/torch.md.
 """
 
-from gdn._gdn import __version__, cpu_isa, default_threads
+from gdn._gdn import __version__, cpu_isa, default_threads, set_pool_cpus
 
-__all__ = ["__version__", "cpu_isa", "default_threads"]
+__all__ = ["__version__", "cpu_isa", "default_threads", "set_pool_cpus"]

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdlib>
 #include <deque>
 #include <exception>
@@ -26,6 +27,7 @@
 #ifdef __unix__
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 #endif
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -138,7 +140,35 @@ class Pool final : public Executor {
 
   static constexpr int kMaxHelpers = 1023;  // the options allow 1024 threads
 
+#ifdef __linux__
+  // set_pool_cpus: each thread moves itself before its next task (place), so no thread handle
+  // is kept and no thread is moved by another.
+  void set_cpus(const cpu_set_t& cpus) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    cpus_ = cpus;
+    cpus_generation_.fetch_add(1, std::memory_order_release);
+  }
+#endif
+
  private:
+  // Moves the calling pool thread to the CPUs last set, if they changed since `placed` (the
+  // generation it last applied; 0: never set, the thread stays where it was started).
+  void place(unsigned& placed) {
+#ifdef __linux__
+    if (cpus_generation_.load(std::memory_order_acquire) == placed) return;
+    cpu_set_t cpus;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      cpus = cpus_;
+      placed = cpus_generation_.load(std::memory_order_relaxed);
+    }
+    // Refused (none of the CPUs is the process's): the thread runs where it ran.
+    pthread_setaffinity_np(pthread_self(), sizeof cpus, &cpus);
+#else
+    (void)placed;
+#endif
+  }
+
   bool try_take(std::function<void()>& task) {
     if (queued_.load(std::memory_order_acquire) == 0) return false;
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -153,6 +183,8 @@ class Pool final : public Executor {
 #ifdef __linux__
     pthread_setname_np(pthread_self(), "gdn-worker");
 #endif
+    unsigned placed = 0;
+    place(placed);
     for (;;) {
       std::function<void()> task;
       if (!spin_until(spin_time(), [&] { return try_take(task); })) {
@@ -164,6 +196,7 @@ class Pool final : public Executor {
         tasks_.pop_front();
         queued_.fetch_sub(1, std::memory_order_relaxed);
       }
+      place(placed);
       task();
     }
   }
@@ -174,6 +207,10 @@ class Pool final : public Executor {
   std::atomic<int> queued_{0};
   std::atomic<int> sleeping_{0};
   std::atomic<int> started_{0};
+#ifdef __linux__
+  cpu_set_t cpus_{};  // guarded by mutex_
+#endif
+  std::atomic<unsigned> cpus_generation_{0};
 };
 
 Pool& pool() {
@@ -261,6 +298,33 @@ ScopedExecutor::ScopedExecutor(Executor& executor) : previous_(current_executor)
 ScopedExecutor::~ScopedExecutor() { current_executor = previous_; }
 
 Executor& default_executor() { return pool(); }
+
+void set_pool_cpus(std::span<const int> cpus) {
+  if (cpus.empty()) throw InvalidArgument("cpus", "at least one CPU", "an empty list");
+#ifdef __unix__
+  const long configured = sysconf(_SC_NPROCESSORS_CONF);
+#else
+  const long configured = static_cast<long>(std::thread::hardware_concurrency());
+#endif
+  long limit = configured > 0 ? configured : 1;
+#ifdef __linux__
+  if (limit > CPU_SETSIZE) limit = CPU_SETSIZE;
+#endif
+  for (std::size_t i = 0; i < cpus.size(); ++i) {
+    if (cpus[i] < 0 || cpus[i] >= limit) {
+      throw InvalidArgument("cpus",
+                            "CPU numbers from 0 to " + std::to_string(limit - 1) +
+                                " (this system's CPUs)",
+                            std::to_string(cpus[i]) + " at index " + std::to_string(i));
+    }
+  }
+#ifdef __linux__
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const int cpu : cpus) CPU_SET(cpu, &set);
+  pool().set_cpus(set);
+#endif
+}
 
 int default_threads() {
 #ifdef GDN_SINGLE_THREADED

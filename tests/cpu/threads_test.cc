@@ -14,6 +14,11 @@
 #include <thread>
 #include <vector>
 
+#ifdef __linux__
+#include <pthread.h>
+#include <sched.h>
+#endif
+
 #include "common/compare.h"
 #include "common/isas.h"
 #include "common/problem.h"
@@ -150,6 +155,78 @@ TEST(CpuThreads, CallFinishesWhileEveryPoolThreadIsBlocked) {
   expect_same_bits(r, one, "every pool thread blocked");
   EXPECT_LT(seconds, 30.0);
 }
+
+#ifdef __linux__
+std::vector<int> cpus_of_this_thread() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (pthread_getaffinity_np(pthread_self(), sizeof set, &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+// The CPUs the pool thread that runs a 2-thread call's helper may run on: the call's first item
+// waits (up to 10 s) until a helper has taken an item, so a helper surely runs one.
+std::vector<int> cpus_of_a_helper() {
+  std::atomic<bool> helper_ran{false};
+  std::mutex mutex;
+  std::vector<int> seen;
+  auto body = [&](std::int64_t, int participant) {
+    if (participant != 0) {
+      if (!helper_ran.exchange(true)) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        seen = cpus_of_this_thread();
+      }
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!helper_ran.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  };
+  detail::run_items(2, 64, body);
+  const std::lock_guard<std::mutex> lock(mutex);
+  return seen;
+}
+
+// vLLM's CPU worker binds its main thread to one CPU; pool threads it starts inherit that CPU
+// until they are placed elsewhere. Threads already started move before their next task.
+TEST(CpuThreads, PoolThreadsMoveToTheCpusSetForThePool) {
+  const std::vector<int> all = cpus_of_this_thread();
+  if (all.size() < 2) GTEST_SKIP() << "needs a thread that may run on 2 CPUs";
+  (void)cpus_of_a_helper();  // the pool has started threads before the first placement
+  set_pool_cpus(std::vector<int>{all[1]});
+  EXPECT_EQ(cpus_of_a_helper(), std::vector<int>{all[1]});
+  set_pool_cpus(std::vector<int>{all[0]});
+  EXPECT_EQ(cpus_of_a_helper(), std::vector<int>{all[0]});
+  set_pool_cpus(all);  // as they were
+  EXPECT_EQ(cpus_of_a_helper(), all);
+  EXPECT_EQ(cpus_of_this_thread(), all) << "the calling thread is never moved";
+}
+
+TEST(CpuThreads, SetPoolCpusRefusesAnEmptyListAndCpusTheSystemLacksChangingNothing) {
+  const std::vector<int> all = cpus_of_this_thread();
+  ASSERT_FALSE(all.empty());
+  set_pool_cpus(std::vector<int>{all.back()});
+  const auto refused = [](std::vector<int> cpus, const std::string& given) {
+    try {
+      set_pool_cpus(cpus);
+      ADD_FAILURE() << "expected gdn::InvalidArgument for " << given;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.argument(), "cpus");
+      EXPECT_EQ(e.given(), given);
+    }
+  };
+  refused({}, "an empty list");
+  refused({all.front(), -1}, "-1 at index 1");
+  refused({all.front(), 1 << 20}, std::to_string(1 << 20) + " at index 1");
+  EXPECT_EQ(cpus_of_a_helper(), std::vector<int>{all.back()}) << "a refused call moved the pool";
+  set_pool_cpus(all);
+}
+#endif
 
 TEST(WorkItems, EveryItemRunsExactlyOnceOnManyHelpers) {
   constexpr std::int64_t kItems = 10000;

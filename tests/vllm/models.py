@@ -56,3 +56,23 @@ def qwen3_5(path, seed=0):
     _spread_gates(model)
     model.to(torch.bfloat16).save_pretrained(path)
     return config
+
+
+def qwen3_5_moe(path, seed=0):
+    """Qwen3.5 MoE (text only): ``qwen3_5``'s layers and GDN shapes, each layer's MLP a one-expert
+    MoE (top-1) beside a shared expert, as ``qwen3_next``'s."""
+    from transformers.models.qwen3_5_moe import configuration_qwen3_5_moe, modeling_qwen3_5_moe
+    config = configuration_qwen3_5_moe.Qwen3_5MoeTextConfig(
+        vocab_size=VOCAB, hidden_size=128, num_hidden_layers=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention",
+                     "full_attention"],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+        linear_value_head_dim=64, linear_conv_kernel_dim=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, max_position_embeddings=1024, num_experts=1,
+        num_experts_per_tok=1, moe_intermediate_size=128, shared_expert_intermediate_size=128,
+        tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = modeling_qwen3_5_moe.Qwen3_5MoeForCausalLM(config).eval()
+    _spread_gates(model)
+    model.to(torch.bfloat16).save_pretrained(path)
+    return config

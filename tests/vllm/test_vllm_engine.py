@@ -1,6 +1,6 @@
-"""gdn.vllm inside vLLM's CPU engine: tiny random Qwen3-Next and Qwen3.5 models (tests/vllm/
-models.py), token-id prompts of several lengths with max_num_batched_tokens = 64, so that the
-engine runs fresh and chunked (continued) prefills, decodes and batches mixing them.
+"""gdn.vllm inside vLLM's CPU engine: tiny random Qwen3-Next, Qwen3.5 and Qwen3.5 MoE models
+(tests/vllm/models.py), token-id prompts of several lengths with max_num_batched_tokens = 64, so
+that the engine runs fresh and chunked (continued) prefills, decodes and batches mixing them.
 
 Bounds. vLLM's own path and gdn's differ in the GDN layers' arithmetic alone (vLLM's kernels
 keep bf16 intermediates, gdn float32), and both hand bf16 activations to the next layer: the
@@ -19,7 +19,10 @@ With ngram speculative decoding the reference is plain greedy decoding on vLLM's
 
 Engines are shared per module-scoped configuration. In-process engines (vLLM's
 VLLM_ENABLE_V1_MULTIPROCESSING=0) compare both paths in one engine (gdn.vllm.set_enabled);
-multiprocess ones read the counters each engine process writes to GDN_VLLM_COUNTERS."""
+multiprocess ones read the counters each engine process writes to GDN_VLLM_COUNTERS; the
+tensor-parallel one switches gdn off in its workers (collective_rpc) to compare both paths.
+Tensor parallelism 2 reorders the all-reduce of the row-parallel projections, the same in both
+paths, so the same bounds hold between them."""
 
 import gc
 import json
@@ -46,10 +49,16 @@ def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     models.qwen3_next(root / "qwen3_next")
     models.qwen3_5(root / "qwen3_5")
-    return {"qwen3_next": str(root / "qwen3_next"), "qwen3_5": str(root / "qwen3_5")}
+    models.qwen3_5_moe(root / "qwen3_5_moe")
+    return {name: str(root / name) for name in ("qwen3_next", "qwen3_5", "qwen3_5_moe")}
 
 
 def make_engine(model, multiprocess, **kwargs):
+    # An in-process engine caches vLLM's environment variables for the whole process while it
+    # lives (vllm.envs.enable_envs_cache): without this, an engine made beside the module's
+    # in-process one read its VLLM_ENABLE_V1_MULTIPROCESSING ("0": the "multiprocess" engines'
+    # cores ran in this process) and VLLM_CPU_OMP_THREADS_BIND.
+    vllm.envs.disable_envs_cache()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     args = dict(model=model, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=512,
@@ -203,6 +212,14 @@ def compiled_qwen3_5(model_dirs, eager_qwen3_next):
     close_engine(llm)
 
 
+@pytest.fixture(scope="module")
+def eager_qwen3_5_moe(model_dirs, compiled_qwen3_5):
+    # after the other in-process engines: all of them run before a test closes an engine
+    llm = make_engine(model_dirs["qwen3_5_moe"], multiprocess=False, enforce_eager=True)
+    yield both_paths(llm)
+    close_engine(llm)
+
+
 def test_in_process_eager_qwen3_next_matches_vllm_path(eager_qwen3_next, float32_logprobs):
     ours, counts, theirs = eager_qwen3_next
     check_against_vllm_path(ours, theirs)
@@ -214,6 +231,15 @@ def test_in_process_compiled_qwen3_5_matches_vllm_path(compiled_qwen3_5, float32
     ours, counts, theirs = compiled_qwen3_5
     check_against_vllm_path(ours, theirs)
     check_against_float32(ours, theirs, float32_logprobs["qwen3_5"])
+    check_counters(counts)
+
+
+def test_in_process_eager_qwen3_5_moe_matches_vllm_path(eager_qwen3_5_moe, float32_logprobs):
+    """Qwen3.5 MoE (vLLM's Qwen3_5MoeForCausalLM): its GDN layers are Qwen3.5's, reached through
+    the same call, with an MoE block (one expert) after each."""
+    ours, counts, theirs = eager_qwen3_5_moe
+    check_against_vllm_path(ours, theirs)
+    check_against_float32(ours, theirs, float32_logprobs["qwen3_5_moe"])
     check_counters(counts)
 
 
@@ -238,15 +264,55 @@ def counters_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+def thread_cpus(pid):
+    """{tid: (name, CPUs it may run on)} of a process's threads."""
+    threads = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        except OSError:
+            continue
+        cpus = set()
+        for part in status["Cpus_allowed_list"].split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        threads[int(tid)] = (status["Name"], cpus)
+    return threads
+
+
+def check_gdn_threads_beside_caller(directory, bound):
+    """In the process that ran the GDN layers (it wrote counters with gdn calls), gdn's pool
+    threads exist (calls ran on 2 threads) and run on the bound CPUs other than the main
+    thread's, which vLLM's OpenMP runtime pinned to the first: not all on the caller's core."""
+    pids = [int(p.stem) for p in directory.iterdir() if p.suffix == ".json"
+            and json.loads(p.read_text())["gdn_calls"] > 0]
+    assert len(pids) == 1, pids
+    threads = thread_cpus(pids[0])
+    _, caller = threads[pids[0]]
+    helpers = [cpus for name, cpus in threads.values() if name == "gdn-worker"]
+    assert caller == {bound[0]}, (caller, bound)
+    assert helpers, "no gdn-worker thread: gdn's calls ran on one thread"
+    for cpus in helpers:
+        assert cpus and cpus <= set(bound) and not cpus & caller, (cpus, caller, bound)
+
+
 def test_multiprocess_compiled_bf16_pools_qwen3_next(model_dirs, eager_qwen3_next,
-                                                     float32_logprobs, counters_dir):
+                                                     float32_logprobs, counters_dir,
+                                                     monkeypatch):
     """The engine core in its own process, compiled, bf16 SSM pools; against the in-process
     engine's vLLM path (float32 pools): bf16 pools round the state once per step, which the
-    same bounds cover on these short sequences."""
+    same bounds cover on these short sequences. Its worker is bound to every CPU this test may
+    use (vLLM's own choice keeps one of 2 CPUs for its scheduler), so gdn runs its calls on
+    2 threads or more, its helpers beside the caller's core."""
+    bound = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, bound)))
     llm = make_engine(model_dirs["qwen3_next"], multiprocess=True, enforce_eager=False,
                       mamba_ssm_cache_dtype="bfloat16")
     try:
         ours = generate(llm)
+        if len(bound) >= 2:
+            check_gdn_threads_beside_caller(counters_dir, bound)
     finally:
         close_engine(llm)
     _, _, theirs = eager_qwen3_next
@@ -280,3 +346,37 @@ def test_ngram_speculative_decoding_runs_on_gdn_with_plain_decodings_tokens(
     assert c["gdn_calls"] > 0 and c["gdn_calls"] % GDN_LAYERS == 0, c
     assert c["spec_decode"] > 0 and c["spec_mixed"] > 0, c
     assert c["spec_accepted"] > 0 and c["spec_short"] > 0, c
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU per rank: needs 2 CPUs")
+def test_tensor_parallel_2_qwen3_5_matches_vllm_path_on_every_rank(
+        model_dirs, float32_logprobs, counters_dir, monkeypatch):
+    """Tensor parallelism 2 (each rank a process with half the heads, one CPU each): gdn's path
+    against vLLM's own in the same engine (switched off in the workers after the first run),
+    and against float32; each rank's counters show every GDN call on gdn, no fallback. The
+    dense Qwen3.5: vLLM refuses the one-expert Qwen3-Next at TP 2 ("Tensor parallel size 2 is
+    greater than the number of experts 1"), and more experts bring routing near-ties."""
+
+    def switch_gdn_off(worker):
+        # Runs in each worker (collective_rpc); a local function travels by value.
+        import gdn.vllm
+        gdn.vllm.set_enabled(False)
+
+    cpus = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", f"{cpus[0]}|{cpus[1]}")
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # a function to collective_rpc
+    llm = make_engine(model_dirs["qwen3_5"], multiprocess=True, enforce_eager=True,
+                      tensor_parallel_size=2)
+    try:
+        ours = generate(llm)
+        ranks = [json.loads(p.read_text()) for p in counters_dir.iterdir() if p.suffix == ".json"]
+        llm.collective_rpc(switch_gdn_off)
+        theirs = generate(llm)
+    finally:
+        close_engine(llm)
+    check_against_vllm_path(ours, theirs)
+    check_against_float32(ours, theirs, float32_logprobs["qwen3_5"])
+    ranks = [c for c in ranks if c["gdn_calls"] > 0]
+    assert len(ranks) == 2, ranks  # each rank ran its half of the heads on gdn
+    for c in ranks:
+        check_counters(c)

@@ -24,6 +24,11 @@ What gdn cannot take runs on vLLM's own path, with one logged line per reason sa
 dtypes or conv widths the library does not take. docs/vllm.md has the details and the choice of
 hook.
 
+Threads: a GDN call runs on torch's thread count, which in vLLM's CPU worker is the number of
+CPUs vLLM bound the worker to (``VLLM_CPU_OMP_THREADS_BIND``); at the first call the plugin puts
+gdn's helper threads on those CPUs other than the caller's (``_threads.py``, docs/vllm.md
+"Threads"), and logs where they run.
+
 ``counters()`` says what ran in this process (gdn calls by batch kind, speculative windows,
 fallbacks by reason); with ``GDN_VLLM_COUNTERS`` naming a directory, each process also writes
 its counters there as ``<pid>.json`` after every call, for tests of multiprocess engines.
@@ -172,12 +177,31 @@ def _run_on_gdn(run_name, count, original, layer, metadata, mixed_qkv, b, a, cor
     if reason is not None:
         _fallback(reason)
         return original(layer, metadata, mixed_qkv, b, a, core_attn_out, *rest)
+    if "threads" not in _state:
+        _place_threads()
     from gdn.vllm import _layer
     getattr(_layer, run_name)(layer, metadata, mixed_qkv, b, a, core_attn_out)
     with _lock:
         _counters["gdn_calls"] += 1
         count(metadata)
         _write_counters()
+
+
+def _place_threads() -> None:
+    """Once per process, on the thread that runs the model, at its first GDN call on gdn: gdn's
+    pool threads go to the CPUs vLLM bound the worker to, besides the caller's (_threads.py)."""
+    import torch
+    from gdn.vllm import _threads
+    placement = _threads.place_pool()
+    _state["threads"] = dict(placement, per_call=torch.get_num_threads())
+    if placement["pool"]:
+        logger.info("gdn.vllm: %d threads per GDN call (torch's count): the caller on CPUs %s, "
+                    "gdn's helpers on %s (vLLM's binding %s)", torch.get_num_threads(),
+                    placement["caller"], placement["pool"], placement["bound"])
+    else:
+        logger.info("gdn.vllm: %d threads per GDN call (torch's count), gdn's helpers left where "
+                    "they start (vLLM's binding: %s)", torch.get_num_threads(),
+                    placement["bound"] or "none")
 
 
 def _nonspec(layer, metadata, mixed_qkv, b, a, core_attn_out) -> None:
