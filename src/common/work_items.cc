@@ -312,10 +312,9 @@ void set_pool_cpus(std::span<const int> cpus) {
 #endif
   for (std::size_t i = 0; i < cpus.size(); ++i) {
     if (cpus[i] < 0 || cpus[i] >= limit) {
-      throw InvalidArgument("cpus",
-                            "CPU numbers from 0 to " + std::to_string(limit - 1) +
-                                " (this system's CPUs)",
-                            std::to_string(cpus[i]) + " at index " + std::to_string(i));
+      throw InvalidArgument(
+          "cpus", "CPU numbers from 0 to " + std::to_string(limit - 1) + " (this system's CPUs)",
+          std::to_string(cpus[i]) + " at index " + std::to_string(i));
     }
   }
 #ifdef __linux__
