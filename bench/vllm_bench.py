@@ -110,14 +110,16 @@ def host_description() -> dict:
             "system": f"{platform.system()} {platform.release()}"}
 
 
-def build_model(path: str, shapes: str, gdn_layers: int, max_positions: int, seed: int = 0):
+def build_model(path: str, shapes: str, gdn_layers: int, max_positions: int, seed: int = 0,
+                hidden: int | None = None):
     """A random-weight Qwen3-Next (transformers' classes), one expert (top-1), saved in bf16. A_log
     and dt_bias are spread (transformers sets them to constants) so each head decays at its own
-    rate."""
+    rate. ``hidden``: another hidden size than the shapes' (bench/vllm_threads.py's --hidden)."""
     import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    shape = dict(SHAPES[shapes], **({} if hidden is None else {"hidden_size": hidden}))
     config = Qwen3NextConfig(
-        **SHAPES[shapes], intermediate_size=SHAPES[shapes]["moe_intermediate_size"],
+        **shape, intermediate_size=shape["moe_intermediate_size"],
         num_hidden_layers=gdn_layers + 1,
         layer_types=["linear_attention"] * gdn_layers + ["full_attention"],
         linear_conv_kernel_dim=CONV_WIDTH, max_position_embeddings=max_positions,

@@ -96,26 +96,10 @@ def log(msg):
 
 
 def build_model(path, hidden, gdn_layers):
-    import torch
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-    config = Qwen3NextConfig(
-        vocab_size=256, hidden_size=hidden, intermediate_size=256,
-        num_hidden_layers=gdn_layers + 1,
-        layer_types=["linear_attention"] * gdn_layers + ["full_attention"],
-        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=128, max_position_embeddings=8192, num_experts=1,
-        num_experts_per_tok=1, moe_intermediate_size=256, shared_expert_intermediate_size=256,
-        decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = Qwen3NextForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.linspace(0.5, 16.0, p.numel()).log())
-            elif name.endswith("dt_bias"):
-                p.copy_(torch.linspace(-1.0, 1.0, p.numel()))
-    model.to(torch.bfloat16).save_pretrained(path)
+    """vllm_bench.py's Qwen3-Next (Qwen3-Next's GDN heads, one expert, spread gates, bf16) with
+    ``hidden`` as its hidden size."""
+    from vllm_bench import build_model as build  # this script's folder is on sys.path
+    build(path, "qwen3-next", gdn_layers, 8192, hidden=hidden)
 
 
 # --- run in the worker (collective_rpc sends these functions by value) ---
