@@ -21,7 +21,7 @@
 #pragma once
 
 #include <functional>
-#include <span>
+#include <vector>
 
 namespace gdn {
 
@@ -64,6 +64,6 @@ Executor& default_executor();
 // where it was if none is left. No effect outside GNU/Linux.
 // Throws gdn::InvalidArgument naming `cpus` for an empty list or a number that is not one of
 // this system's CPUs, and then changes nothing.
-void set_pool_cpus(std::span<const int> cpus);
+void set_pool_cpus(const std::vector<int>& cpus);
 
 }  // namespace gdn

@@ -299,7 +299,7 @@ ScopedExecutor::~ScopedExecutor() { current_executor = previous_; }
 
 Executor& default_executor() { return pool(); }
 
-void set_pool_cpus(std::span<const int> cpus) {
+void set_pool_cpus(const std::vector<int>& cpus) {
   if (cpus.empty()) throw InvalidArgument("cpus", "at least one CPU", "an empty list");
 #ifdef __unix__
   const long configured = sysconf(_SC_NPROCESSORS_CONF);
