@@ -110,30 +110,36 @@ inline std::int64_t pair_position(std::int64_t j) {  // of column j
 // n columns (whole vector pairs) into pair order, and back: a deinterleave and an interleave
 // of each 2W columns in registers (moves: the values keep their bits). The scalar loops over
 // pair_position these replace took about a twentieth of a decode-16 step (perf, avx2).
+template <std::size_t... I>
+inline Vec<float> even_lanes(Vec<float> a, Vec<float> b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, int(2 * I)...);
+}
+template <std::size_t... I>
+inline Vec<float> odd_lanes(Vec<float> a, Vec<float> b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, int(2 * I + 1)...);
+}
+// Column i of the 2W (Offset 0: the first W, W: the second) from the even (i even) or the odd
+// vector's i / 2.
+template <std::size_t Offset, std::size_t... I>
+inline Vec<float> interleaved(Vec<float> e, Vec<float> o, std::index_sequence<I...>) {
+  return __builtin_shufflevector(e, o, int((I % 2) * kLanes<float> + (Offset + I) / 2)...);
+}
 inline void to_pair_order(const float* x, float* y, std::int64_t n) {
   constexpr int W = kLanes<float>;
-  WideBits even, odd;  // lanes of the two sources, a's then b's
-  for (int i = 0; i < W; ++i) {
-    even[i] = static_cast<std::uint32_t>(2 * i);
-    odd[i] = static_cast<std::uint32_t>(2 * i + 1);
-  }
+  constexpr auto lanes = std::make_index_sequence<W>{};
   for (std::int64_t j = 0; j < n; j += 2 * W) {
     const Vec<float> a = load(x + j), b = load(x + j + W);
-    store(y + j, __builtin_shuffle(a, b, even));
-    store(y + j + W, __builtin_shuffle(a, b, odd));
+    store(y + j, even_lanes(a, b, lanes));
+    store(y + j + W, odd_lanes(a, b, lanes));
   }
 }
 inline void from_pair_order(const float* y, float* x, std::int64_t n) {
   constexpr int W = kLanes<float>;
-  WideBits low, high;  // column i of the 2W takes the even (i even) or the odd vector's i / 2
-  for (int i = 0; i < W; ++i) {
-    low[i] = static_cast<std::uint32_t>((i % 2) * W + i / 2);
-    high[i] = static_cast<std::uint32_t>((i % 2) * W + (W + i) / 2);
-  }
+  constexpr auto lanes = std::make_index_sequence<W>{};
   for (std::int64_t j = 0; j < n; j += 2 * W) {
     const Vec<float> e = load(y + j), o = load(y + j + W);
-    store(x + j, __builtin_shuffle(e, o, low));
-    store(x + j + W, __builtin_shuffle(e, o, high));
+    store(x + j, interleaved<0>(e, o, lanes));
+    store(x + j + W, interleaved<W>(e, o, lanes));
   }
 }
 
