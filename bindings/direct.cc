@@ -15,6 +15,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -25,11 +26,38 @@
 #include "bindings/dtype_names.h"
 #include "bindings/huge_pages.h"
 #include "gdn/gdn.h"
+#include "gdn/threads.h"
 
 namespace nb = nanobind;
 
 namespace gdn::bindings {
 namespace {
+
+// Where a direct call's helper threads come from: gdn.torch turns this on when torch's ATen
+// runs on OpenMP, so its ops run on torch's own intra-op team (gdn/threads.h's
+// openmp_executor) instead of adding the library's pool to cores that team's threads spin on.
+std::atomic<bool> use_openmp_team{false};
+
+// While alive (one library call, on the calling thread), the call runs on the OpenMP team when
+// use_openmp_team is set; otherwise it keeps the library's pool.
+class CallThreads {
+ public:
+  CallThreads() {
+    if (!use_openmp_team.load(std::memory_order_relaxed)) return;
+    if (Executor* team = openmp_executor()) scope_.emplace(*team);
+  }
+
+ private:
+  std::optional<ScopedExecutor> scope_;
+};
+
+// Returns whether direct calls now run on an OpenMP team: false when asked to stop, or when
+// this process has no OpenMP runtime (the calls then keep the library's pool).
+bool set_openmp_team(bool enabled) {
+  const bool on = enabled && openmp_executor() != nullptr;
+  use_openmp_team.store(on, std::memory_order_relaxed);
+  return on;
+}
 
 using Raw = std::optional<
     std::tuple<std::int64_t, std::vector<std::int64_t>, std::vector<std::int64_t>, std::string>>;
@@ -143,6 +171,7 @@ void core_forward(const Raw& q, const Raw& k, const Raw& v, const Raw& g, const 
   const MutableTensorView states = dense_residual(chunk_states, "chunk_states");
   const MutableTensorView tinv = dense_residual(t_inv, "t_inv");
   nb::gil_scoped_release released;
+  const CallThreads call_threads;
   const ForwardShape shape = forward_shape(in, options);
   const ForwardOutputs out{output_view(o, "o"), output_view(final_state, "final_state"),
                            leading(states, shape.total_chunks, "chunk_states"),
@@ -183,6 +212,7 @@ void core_backward(const Raw& q, const Raw& k, const Raw& v, const Raw& g, const
   const MutableTensorView states = raw_view(chunk_states, "chunk_states");
   const MutableTensorView tinv = raw_view(t_inv, "t_inv");
   nb::gil_scoped_release released;
+  const CallThreads call_threads;
   const ForwardShape shape = forward_shape(in.forward(), options);
   in.chunk_states = leading(states, shape.total_chunks, "chunk_states");
   in.t_inv = leading(tinv, shape.total_chunks, "t_inv");
@@ -211,6 +241,7 @@ void conv_forward(const Raw& x, const Raw& weight, const Raw& bias, const Raw& i
   const ConvOutputs outs{output_view(out, "out"), output_view(final_state, "final_state")};
   const ConvOptions options = conv_options(silu, threads);
   nb::gil_scoped_release released;
+  const CallThreads call_threads;
   if (reference) {
     ref::causal_conv1d_fwd(in, outs, options);
   } else {
@@ -234,6 +265,7 @@ void conv_backward(const Raw& x, const Raw& weight, const Raw& bias, const Raw& 
                                  output_view(d_initial_state, "d_initial_state")};
   const ConvOptions options = conv_options(silu, threads);
   nb::gil_scoped_release released;
+  const CallThreads call_threads;
   if (reference) {
     ref::causal_conv1d_bwd(in, outs, options);
   } else {
@@ -254,6 +286,7 @@ void conv_update(const Raw& x, const Raw& weight, const Raw& bias, const Raw& cu
   const MutableTensorView o = output_view(out, "out");
   const ConvOptions options = conv_options(silu, threads);
   nb::gil_scoped_release released;
+  const CallThreads call_threads;
   gdn::conv_update(in, pool, o, options);
 }
 
@@ -295,6 +328,7 @@ void step(const Raw& qkv, const Raw& a, const Raw& b, const Raw& conv_weight, co
                          raw_view(recurrent_state, "recurrent_state")};
   const MutableTensorView o = output_view(out, "out");
   nb::gil_scoped_release released;
+  const CallThreads call_threads;
   if (reference) {
     ref::fused_gdn_step(in, pools, o, options);
   } else {
@@ -305,6 +339,10 @@ void step(const Raw& qkv, const Raw& a, const Raw& b, const Raw& conv_weight, co
 }  // namespace
 
 void define_direct_calls(nb::module_& m) {
+  m.def("set_openmp_team", &set_openmp_team, nb::arg("enabled"),
+        "Whether the direct calls below run their helper threads on this process's OpenMP "
+        "team (torch's, with ATen's OpenMP backend) instead of the library's pool; returns "
+        "whether they now do (False where no OpenMP runtime is loaded).");
   m.def("core_forward", &core_forward,
         "The core forward on caller-owned memory: tensors as (address, sizes, strides, dtype) "
         "or None; reference=True runs gdn::ref's float64 token recurrence.");

@@ -10,7 +10,8 @@
 // Helpers come from the library's own pool (threads that spin briefly after each task, then
 // sleep), unless the calling thread has installed an Executor with ScopedExecutor: gdn.jax
 // installs XLA's intra-op pool, so an op inside a jitted function shares XLA's threads instead
-// of starting its own.
+// of starting its own. An executor over a fork-join team (openmp_executor(): the process's
+// OpenMP runtime, as gdn.vllm uses in vLLM's worker) runs the call as one team instead.
 //
 //   struct MyPool : gdn::Executor {
 //     int helpers() const override { return 7; }
@@ -35,6 +36,17 @@ class Executor {
   // starts too late finds nothing to do and returns at once). It may also run the task on the
   // calling thread before returning. It must not throw.
   virtual void schedule(std::function<void()> task) = 0;
+  // An executor over a fork-join team (an OpenMP runtime's) runs a call's threads as one team
+  // instead of scheduling tasks: run_team runs member(context, i) once for each i in [0, n),
+  // where n (1 <= n <= threads) is the team it got, i = 0 on the calling thread and the others
+  // at the same time on the team's threads, and returns once every member has returned; member
+  // does not throw. The default returns false at once: the call then schedules its helpers.
+  virtual bool run_team(int threads, void (*member)(void* context, int index), void* context) {
+    (void)threads;
+    (void)member;
+    (void)context;
+    return false;
+  }
 };
 
 // While alive, gdn calls made on the constructing thread take their helpers from `executor`
@@ -53,6 +65,21 @@ class ScopedExecutor {
 // The library's own pool, which calls use when no ScopedExecutor is installed: helpers()
 // is default_threads() - 1 or more, its threads are started when a call first needs them.
 Executor& default_executor();
+
+// The OpenMP runtime this process has loaded, as an executor whose helpers are that runtime's
+// team: the runtime the process's global symbol scope resolves GOMP_parallel to (GCC's libgomp;
+// LLVM's and Intel's runtimes export it too), which is the one a framework built on it (torch's
+// ATen with its OpenMP backend) runs its own parallel regions on. A call on a thread that
+// installs it runs its items on that thread's team, like the framework's own ops, instead of
+// adding the library's pool to the cores the team's threads spin on (docs/vllm.md, "Threads").
+// helpers() is the runtime's omp_get_max_threads() - 1 for the calling thread. nullptr where no
+// OpenMP runtime is loaded (nothing is loaded by this call) or outside GNU/Linux.
+//
+//   if (gdn::Executor* team = gdn::openmp_executor()) {
+//     gdn::ScopedExecutor scope(*team);
+//     gdn::chunk_gated_delta_rule_fwd(inputs, outputs, options);  // on the OpenMP team
+//   }
+Executor* openmp_executor();
 
 // Where the library's pool threads run: each may run on any CPU of `cpus` (the system's CPU
 // numbers), from its next task on for the threads already started, from the start for later

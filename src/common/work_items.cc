@@ -384,6 +384,15 @@ void run_items(int threads, std::int64_t items, ItemBody body, void* context) {
   if (helpers > 0 && !spin_setting().error.empty()) throw RuntimeError(spin_setting().error);
   if (helpers > 0) {
     job->max_helpers = static_cast<int>(helpers);
+    // A team runs every participant at once and returns when all are done: nothing to wait for.
+    const auto member = [](void* team_context, int index) {
+      Job& team_job = *static_cast<Job*>(team_context);
+      if (index >= 0 && index <= team_job.max_helpers) team_job.participate(index);
+    };
+    if (executor.run_team(static_cast<int>(helpers) + 1, member, job.get())) {
+      if (job->error) std::rethrow_exception(job->error);
+      return;
+    }
     if (&executor == &pool()) pool().reserve(static_cast<int>(helpers));
     for (std::int64_t h = 0; h < helpers; ++h) {
       executor.schedule([job] {

@@ -78,6 +78,50 @@ struct InlineExecutor final : Executor {
   }
 };
 
+// A fork-join team (what an OpenMP runtime gives): run_team starts threads - 1 members on
+// threads of its own, runs member 0 on the caller and joins them all before returning.
+struct ThreadTeamExecutor final : Executor {
+  int team_calls = 0;
+  int scheduled = 0;
+  std::atomic<int> members{0};
+  int helpers() const override { return 3; }
+  void schedule(std::function<void()> task) override {
+    ++scheduled;
+    task();
+  }
+  bool run_team(int threads, void (*member)(void*, int), void* context) override {
+    ++team_calls;
+    std::vector<std::thread> team;
+    for (int i = 1; i < threads; ++i) {
+      team.emplace_back([&, i] {
+        members.fetch_add(1);
+        member(context, i);
+      });
+    }
+    members.fetch_add(1);
+    member(context, 0);
+    for (auto& t : team) t.join();
+    return true;
+  }
+};
+
+TEST(CpuThreads, TeamExecutorRunsTheCallAsOneTeamAndGivesTheSameBits) {
+  const Problem p = many_items_problem();
+  for (CpuIsa isa : test::runnable_isas()) {
+    const ForwardResult one = forward_with_threads(p, isa, 1);
+    ThreadTeamExecutor executor;
+    ForwardResult r;
+    {
+      const ScopedExecutor scope(executor);
+      r = forward_with_threads(p, isa, 8);
+    }
+    EXPECT_GE(executor.team_calls, 1);
+    EXPECT_EQ(executor.scheduled, 0) << "a team executor is never given tasks";
+    EXPECT_EQ(executor.members.load(), 4 * executor.team_calls) << "helpers() + 1 members";
+    expect_same_bits(r, one, std::string(cpu_isa_name(isa)) + ", team executor");
+  }
+}
+
 TEST(CpuThreads, CallFinishesOnTheCallerAloneWhenNoHelperEverStarts) {
   const Problem p = many_items_problem();
   for (CpuIsa isa : test::runnable_isas()) {
@@ -243,6 +287,32 @@ TEST(WorkItems, EveryItemRunsExactlyOnceOnManyHelpers) {
   int total = 0;
   for (auto& count : by_participant) total += count.load();
   EXPECT_EQ(total, kItems);
+}
+
+TEST(WorkItems, TeamRunsEveryItemOnceAndAnItemsExceptionReachesTheCaller) {
+  ThreadTeamExecutor executor;
+  const ScopedExecutor scope(executor);
+  constexpr std::int64_t kItems = 500;
+  std::vector<std::atomic<int>> runs(kItems);
+  std::atomic<int> bad_participant{0};
+  auto count = [&](std::int64_t item, int participant) {
+    if (participant < 0 || participant > 3) bad_participant.fetch_add(1);
+    runs[static_cast<std::size_t>(item)].fetch_add(1);
+  };
+  detail::run_items(4, kItems, count);
+  for (std::int64_t i = 0; i < kItems; ++i) {
+    ASSERT_EQ(runs[static_cast<std::size_t>(i)].load(), 1) << "item " << i;
+  }
+  EXPECT_EQ(bad_participant.load(), 0) << "participants are 0 .. threads - 1";
+  auto failing = [&](std::int64_t item, int) {
+    if (item == 7) throw std::runtime_error("item 7 failed");
+  };
+  try {
+    detail::run_items(4, kItems, failing);
+    FAIL() << "expected the item's exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "item 7 failed");
+  }
 }
 
 TEST(WorkItems, ExceptionFromAnItemReachesTheCallerAfterTakenItemsFinish) {

@@ -321,6 +321,63 @@ def test_a_dataloader_worker_runs_the_ops_on_one_thread(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# Whose threads: torch's OpenMP team (ATen's backend in torch's builds on PyPI) after
+# run_on_torch_threads(True), gdn's pool after (False). In a process of its own, so that no
+# earlier test has started gdn's pool.
+# ---------------------------------------------------------------------------------------------
+
+_TEAM_SCRIPT = """
+import os, time, torch
+import gdn.torch
+
+def names():
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            out.append(f.read().strip())
+    return out
+
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(2, 200, 4, 32, generator=g) for _ in range(3))
+gates, beta = -torch.rand(2, 200, 4, generator=g), torch.rand(2, 200, 4, generator=g)
+def run(f):
+    o, state = f(q, k, v, gates, beta, output_final_state=True)
+    return torch.cat([o.flatten(), state.flatten()])
+chunk = gdn.torch.chunk_gated_delta_rule
+compiled = torch.compile(chunk, backend="aot_eager", fullgraph=True)
+torch.set_num_threads(1)
+one = run(chunk)
+torch.set_num_threads(2)
+team = gdn.torch.run_on_torch_threads(True)
+eager, graph = run(chunk), run(compiled)
+print("team", team, "gdn-worker threads", names().count("gdn-worker"))
+print("same bits", torch.equal(eager, one), torch.equal(graph, one))
+assert gdn.torch.run_on_torch_threads(False) is False
+pool = run(chunk)
+for _ in range(500):  # the pool's helper names itself when it starts, maybe after the call
+    if "gdn-worker" in names():
+        break
+    time.sleep(0.01)
+print("pool", "gdn-worker threads", names().count("gdn-worker"), torch.equal(pool, one))
+"""
+
+
+def test_ops_run_on_torchs_openmp_team_with_the_bits_of_one_thread(tmp_path):
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("this torch's ATen does not run on OpenMP")
+    script = tmp_path / "team.py"
+    script.write_text(_TEAM_SCRIPT)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == [
+        "team True gdn-worker threads 0",  # eager and compiled calls on two threads, no pool
+        "same bits True True",
+        "pool gdn-worker threads 1 True",  # back on the pool: its helper, the same bits
+    ], result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
 # A transformers model patched onto gdn: prefill, cached decode and a training step.
 # ---------------------------------------------------------------------------------------------
 

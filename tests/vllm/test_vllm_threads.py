@@ -23,9 +23,11 @@ needs_two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs")
 # A torch parallel region first (a vLLM worker has run many before its first GDN call), then the
 # plugin's placement, then gdn calls on 2 threads; prints the placement and every thread's CPUs.
 PROBE = """
-import json, os, torch
+import json, os, sys, torch
 import gdn.torch
 from gdn.vllm import _threads
+team = sys.argv[1] == "team"
+assert gdn.torch.run_on_torch_threads(team) == team
 torch.ones(256, 256) @ torch.ones(256, 256)
 placement = _threads.place_pool()
 g = torch.Generator().manual_seed(0)
@@ -42,20 +44,29 @@ print("RESULT", json.dumps(dict(placement=placement, threads=threads)))
 """
 
 
-def run_probe(env):
+def probe_threads(env, threads="pool"):
+    """Runs PROBE with gdn's calls on its pool ("pool") or on torch's OpenMP team ("team"):
+    the placement, and (is the main thread, name, CPUs) of every thread."""
     environment = {k: v for k, v in os.environ.items()
                    if k not in ("LD_PRELOAD", "GOMP_CPU_AFFINITY", "KMP_AFFINITY", "OMP_PLACES",
                                 "OMP_PROC_BIND", "OMP_NUM_THREADS")}
     environment.update(env)
-    result = subprocess.run([sys.executable, "-c", PROBE], env=environment, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", PROBE, threads], env=environment,
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("RESULT"))
     out = json.loads(line.split(" ", 1)[1])
+    return out["placement"], out["threads"]
+
+
+def run_probe(env):
+    """The pool's placement (the fallback where torch's ATen does not run on OpenMP)."""
+    placement, threads = probe_threads(env, "pool")
+    out = dict(threads=threads)
     main = [cpus for is_main, _, cpus in out["threads"] if is_main]
     helpers = [cpus for _, name, cpus in out["threads"] if name == "gdn-worker"]
     assert helpers, "no gdn-worker thread: the calls ran on one thread"
-    return out["placement"], main[0], helpers
+    return placement, main[0], helpers
 
 
 def libgomp():
@@ -86,6 +97,19 @@ def test_helpers_run_beside_the_main_thread_in_a_process_bound_as_vllm_binds_its
     assert main == str(a), main  # the runtime pinned the main thread to the first CPU
     assert placement == dict(bound=[a, b], caller=[a], pool=[b]), placement
     assert helpers == [str(b)] * len(helpers), helpers
+
+
+@needs_two_cpus
+def test_calls_run_on_torchs_openmp_team_and_start_no_pool_thread_in_a_bound_process():
+    """gdn.torch's default: the calls' helpers are the OpenMP team's threads vLLM bound (one per
+    CPU), so no gdn thread is added to those CPUs."""
+    a, b = CPUS
+    env = dict(LD_PRELOAD=libgomp(), GOMP_CPU_AFFINITY=f"{a} {b}", OMP_NUM_THREADS="2")
+    _, threads = probe_threads(env, "team")
+    names = [name for _, name, _ in threads]
+    assert "gdn-worker" not in names, threads
+    cpus = sorted(cpus for _, _, cpus in threads if cpus in (str(a), str(b)))
+    assert str(a) in cpus and str(b) in cpus, threads  # the team: one thread on each CPU
 
 
 def test_pool_is_left_alone_in_a_process_without_a_binding():

@@ -18,6 +18,7 @@ C++ backward with what the forward saved (the inference calls ``conv_update``, `
 ``fused_gdn_step`` have none). Checks of tensor values run in the ops' bodies, so a compiled
 graph raises what eager mode does. Every op runs on torch's intra-op thread count
 (``torch.get_num_threads()``, read when the op runs); an explicit ``threads`` is clamped to it.
+Helpers come from gdn's pool, or from torch's OpenMP team after ``run_on_torch_threads(True)``.
 docs/torch.md explains them.
 """
 
@@ -33,8 +34,10 @@ except ModuleNotFoundError as _error:
 from gdn.torch import reference
 from gdn.torch._conv import causal_conv1d_fn, causal_conv1d_update
 from gdn.torch._core import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from gdn.torch._ops import run_on_torch_threads
 from gdn.torch._patch import is_patched, patch, unpatch
 from gdn.torch._step import fused_gdn_step
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "causal_conv1d_fn",
-           "causal_conv1d_update", "fused_gdn_step", "reference", "patch", "unpatch", "is_patched"]
+           "causal_conv1d_update", "fused_gdn_step", "reference", "patch", "unpatch", "is_patched",
+           "run_on_torch_threads"]

@@ -30,6 +30,29 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat
 _LIBRARY_MAX_THREADS = 1024
 
 
+def run_on_torch_threads(enabled: bool = True) -> bool:
+    """Whether gdn.torch's ops take their helper threads from torch's own OpenMP team (ATen's
+    intra-op threads, in torch's builds on PyPI) instead of gdn's pool; returns whether they now
+    do (False where this torch's ATen does not run on OpenMP: the pool stays).
+
+    The default is gdn's pool, whose calls never wait for a helper the scheduler has not run
+    (an OpenMP region ends at a barrier that does: under load from other programs that made
+    2-thread calls up to 91x slower, docs/architecture.md "Threads"). Torch's team is the
+    choice where torch's threads own the cores: in vLLM's CPU worker (gdn.vllm turns it on)
+    vLLM binds one OpenMP thread per core and they spin between its ops, holding the cores a
+    pool's helpers would need. Results are the same bits either way.
+
+    Example::
+
+        import gdn.torch
+        gdn.torch.run_on_torch_threads(True)   # helpers: torch's OpenMP threads
+        gdn.torch.run_on_torch_threads(False)  # back to gdn's pool
+    """
+    if enabled and "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        enabled = False
+    return bool(_gdn.set_openmp_team(bool(enabled)))
+
+
 def library_threads(requested: int) -> int:
     """The threads a call hands the library: torch's intra-op setting, ``torch.get_num_threads()``,
     for ``requested`` = 0, and at most that for an explicit count, so that gdn never runs more

