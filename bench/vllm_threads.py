@@ -13,8 +13,10 @@ one expert), and inside the worker, through vLLM's collective_rpc:
     gdn-N-inherit  gdn on N = torch.get_num_threads() threads, the pool's threads pinned where
                    the worker's main thread is (what a thread it starts inherits: vLLM's OpenMP
                    runtime binds the main thread to the first CPU of the list);
-    gdn-N          gdn on N threads as the plugin runs them (its pool placed on the worker's
-                   other bound CPUs: docs/vllm.md, "Threads");
+    gdn-N-placed   gdn on N threads from its pool, placed on the worker's other bound CPUs
+                   (the plugin's fallback, and its choice before the team);
+    gdn-N          gdn on N threads as the plugin runs them: on torch's OpenMP team, vLLM's
+                   own bound threads (docs/vllm.md, "Threads");
   per mode, the calls' mean time for a prefill (one prompt of --prefill tokens) and for decode
   steps (--decode-seqs sequences), the CPU time each thread spent (/proc schedstat), which says
   how many threads a call really used, and the engine's wall time for the requests (whole steps);
@@ -46,7 +48,7 @@ import sys
 import tempfile
 import time
 
-MODES = ("vllm", "gdn-1", "gdn-N-inherit", "gdn-N")
+MODES = ("vllm", "gdn-1", "gdn-N-inherit", "gdn-N-placed", "gdn-N")
 # (default, --quick): a quick run (2 min 49 s in all, vLLM's start included, on this project's
 # 2-vCPU host at a load average of 5 to 8; the default run 5 min 48 s with --rounds 5) to see
 # that everything works and where the threads run, not figures to quote
@@ -179,12 +181,21 @@ def _worker_info(worker):
                 plugin=gdn.vllm._state.get("threads"))
 
 
+def _use_team(mode):
+    """gdn-N runs gdn's calls on torch's OpenMP team (the plugin's choice); the other modes on
+    gdn's pool (a gdn without run_on_torch_threads has only the pool)."""
+    import gdn.torch
+    if hasattr(gdn.torch, "run_on_torch_threads"):
+        gdn.torch.run_on_torch_threads(mode == "gdn-N")
+
+
 def _worker_mode(worker, mode):
     import gdn
     import gdn.vllm
     state = worker._gdn_threads_bench
     state["mode"], state["calls"] = mode, {}
     gdn.vllm.set_enabled(mode != "vllm")
+    _use_team(mode)
     main_cpus = os.sched_getaffinity(0)
     if hasattr(gdn, "set_pool_cpus"):
         if mode == "gdn-N-inherit":
@@ -277,6 +288,7 @@ def _worker_layer_loop(worker, modes, reps, prefill_tokens, decode_seqs, matmul)
         return total
     for rep in range(reps):
         for mode in (modes if rep % 2 == 0 else modes[::-1]):
+            _use_team(mode)
             if mode == "gdn-N-inherit":
                 gdn.set_pool_cpus(main_cpus)
             else:

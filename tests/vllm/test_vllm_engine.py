@@ -325,16 +325,19 @@ def test_multiprocess_compiled_bf16_pools_qwen3_next(model_dirs, eager_qwen3_nex
     check_counters(counters_of(counters_dir))
 
 
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
 def test_ngram_speculative_decoding_runs_on_gdn_with_plain_decodings_tokens(
-        model_dirs, eager_qwen3_next_runs, counters_dir):
+        model_dirs, eager_qwen3_next_runs, counters_dir, mode):
     """Greedy speculative decoding changes no token: with ngram drafts (n = 2) on gdn, the
     tokens are plain (non-speculative) greedy decoding's on vLLM's own path, under the margin
     rule of check_against_vllm_path. vLLM's own speculative path is not the reference: for a
     window shorter than 1 + n tokens its CPU torch path (hosts without AMX) rolls the conv
     buffer so that the next step reads a stale history (docs/vllm.md, "Speculative
     decoding"). The engine process counts: every GDN call on gdn, speculative windows beside
-    prefill chunks, windows resuming after accepted drafts and short windows."""
-    llm = make_engine(model_dirs["qwen3_next"], multiprocess=True, enforce_eager=True,
+    prefill chunks, windows resuming after accepted drafts and short windows. Eager, and
+    compiled (vLLM's torch.compile of the model, the GDN call a custom op in its graph)."""
+    llm = make_engine(model_dirs["qwen3_next"], multiprocess=True,
+                      enforce_eager=mode == "eager",
                       speculative_config=dict(method="ngram", num_speculative_tokens=2,
                                               prompt_lookup_max=3, prompt_lookup_min=2))
     try:
