@@ -18,9 +18,12 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "bindings/dtype_names.h"
@@ -38,17 +41,53 @@ namespace {
 // openmp_executor) instead of adding the library's pool to cores that team's threads spin on.
 std::atomic<bool> use_openmp_team{false};
 
+// Team members other than the calling thread that ran a direct call's parallel stage: what
+// the tests (and gdn.vllm's counters) read to see that a call used the team's threads.
+std::atomic<long long> team_helpers_joined{0};
+
+// The OpenMP team, counting the members that join from other threads.
+class CountedTeam final : public TeamExecutor {
+ public:
+  explicit CountedTeam(TeamExecutor& team) : team_(team) {}
+  int helpers() const override { return team_.helpers(); }
+  void schedule(std::function<void()> task) override { team_.schedule(std::move(task)); }
+  void run_team(int threads, void (*member)(void* context, int index), void* context) override {
+    struct Region {
+      void (*member)(void*, int);
+      void* context;
+      std::thread::id caller;
+    } region{member, context, std::this_thread::get_id()};
+    team_.run_team(
+        threads,
+        [](void* data, int index) {
+          const Region& r = *static_cast<const Region*>(data);
+          if (std::this_thread::get_id() != r.caller) {
+            team_helpers_joined.fetch_add(1, std::memory_order_relaxed);
+          }
+          r.member(r.context, index);
+        },
+        &region);
+  }
+
+ private:
+  TeamExecutor& team_;
+};
+
 // While alive (one library call, on the calling thread), the call runs on the OpenMP team when
 // use_openmp_team is set; otherwise it keeps the library's pool.
 class CallThreads {
  public:
   CallThreads() {
     if (!use_openmp_team.load(std::memory_order_relaxed)) return;
-    if (Executor* team = openmp_executor()) scope_.emplace(*team);
+    if (auto* team = dynamic_cast<TeamExecutor*>(openmp_executor())) {
+      counted_.emplace(*team);
+      scope_.emplace(*counted_);
+    }
   }
 
  private:
-  std::optional<ScopedExecutor> scope_;
+  std::optional<CountedTeam> counted_;
+  std::optional<ScopedExecutor> scope_;  // destroyed first: uninstalls before counted_ goes
 };
 
 // Returns whether direct calls now run on an OpenMP team: false when asked to stop, or when
@@ -343,6 +382,10 @@ void define_direct_calls(nb::module_& m) {
         "Whether the direct calls below run their helper threads on this process's OpenMP "
         "team (torch's, with ATen's OpenMP backend) instead of the library's pool; returns "
         "whether they now do (False where no OpenMP runtime is loaded).");
+  m.def(
+      "team_helpers_joined", [] { return team_helpers_joined.load(std::memory_order_relaxed); },
+      "How many times a thread other than the caller ran a direct call's parallel stage on the "
+      "OpenMP team, since the process started.");
   m.def("core_forward", &core_forward,
         "The core forward on caller-owned memory: tensors as (address, sizes, strides, dtype) "
         "or None; reference=True runs gdn::ref's float64 token recurrence.");

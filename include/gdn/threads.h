@@ -11,7 +11,8 @@
 // sleep), unless the calling thread has installed an Executor with ScopedExecutor: gdn.jax
 // installs XLA's intra-op pool, so an op inside a jitted function shares XLA's threads instead
 // of starting its own. An executor over a fork-join team (openmp_executor(): the process's
-// OpenMP runtime, as gdn.vllm uses in vLLM's worker) runs the call as one team instead.
+// OpenMP runtime, as gdn.vllm uses in vLLM's worker) runs each parallel stage of the call as
+// one team instead (a TeamExecutor).
 //
 //   struct MyPool : gdn::Executor {
 //     int helpers() const override { return 7; }
@@ -36,17 +37,16 @@ class Executor {
   // starts too late finds nothing to do and returns at once). It may also run the task on the
   // calling thread before returning. It must not throw.
   virtual void schedule(std::function<void()> task) = 0;
-  // An executor over a fork-join team (an OpenMP runtime's) runs a call's threads as one team
-  // instead of scheduling tasks: run_team runs member(context, i) once for each i in [0, n),
-  // where n (1 <= n <= threads) is the team it got, i = 0 on the calling thread and the others
-  // at the same time on the team's threads, and returns once every member has returned; member
-  // does not throw. The default returns false at once: the call then schedules its helpers.
-  virtual bool run_team(int threads, void (*member)(void* context, int index), void* context) {
-    (void)threads;
-    (void)member;
-    (void)context;
-    return false;
-  }
+};
+
+// An executor over a fork-join team (an OpenMP runtime's) runs a call's threads as one team
+// instead of scheduling tasks: run_team runs member(context, i) once for each i in [0, n),
+// where n (1 <= n <= threads) is the team it got, each on its own thread of the team (the
+// calling thread among them) at the same time, and returns once every member has returned;
+// member does not throw. A call finds it by its type; schedule() is not used for such a call.
+class TeamExecutor : public Executor {
+ public:
+  virtual void run_team(int threads, void (*member)(void* context, int index), void* context) = 0;
 };
 
 // While alive, gdn calls made on the constructing thread take their helpers from `executor`
@@ -72,8 +72,14 @@ Executor& default_executor();
 // ATen with its OpenMP backend) runs its own parallel regions on. A call on a thread that
 // installs it runs its items on that thread's team, like the framework's own ops, instead of
 // adding the library's pool to the cores the team's threads spin on (docs/vllm.md, "Threads").
-// helpers() is the runtime's omp_get_max_threads() - 1 for the calling thread. nullptr where no
-// OpenMP runtime is loaded (nothing is loaded by this call) or outside GNU/Linux.
+// Each parallel stage of a call (a serving step has two: its conv and its delta rule) is then
+// one parallel region, which ends at a barrier that waits for every thread of the team: a team
+// thread whose core another program holds makes the call wait, as it makes the framework's own
+// ops wait (the library's pool never does; docs/architecture.md, "Threads"). helpers() is the
+// runtime's omp_get_max_threads() - 1 for the calling thread (a thread other than the one that
+// set the runtime's count sees the runtime's default). With libgomp each calling thread gets a
+// team of its own. nullptr where no OpenMP runtime is in the process's global scope (nothing is
+// loaded by this call), in a build with GDN_THREADS=OFF, or outside GNU/Linux.
 //
 //   if (gdn::Executor* team = gdn::openmp_executor()) {
 //     gdn::ScopedExecutor scope(*team);

@@ -22,51 +22,55 @@ namespace {
 using ParallelEntry = void (*)(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
 using CountEntry = int (*)();
 
-class OpenMPTeam final : public Executor {
+class OpenMPTeam final : public TeamExecutor {
  public:
-  OpenMPTeam(ParallelEntry parallel, CountEntry thread_num, CountEntry max_threads)
-      : parallel_(parallel), thread_num_(thread_num), max_threads_(max_threads) {}
+  OpenMPTeam(ParallelEntry parallel, CountEntry max_threads)
+      : parallel_(parallel), max_threads_(max_threads) {}
 
   int helpers() const override {
     const int n = max_threads_();
     return n > 1 ? n - 1 : 0;
   }
 
-  // run_items never schedules on a team (run_team takes every call); running a task here,
-  // on the calling thread, keeps the Executor contract for any other caller.
+  // A call finds run_team by the executor's type and never schedules on it; running a task
+  // here, on the calling thread, keeps the Executor contract for any other caller.
   void schedule(std::function<void()> task) override { task(); }
 
-  bool run_team(int threads, void (*member)(void* context, int index), void* context) override {
+  void run_team(int threads, void (*member)(void* context, int index), void* context) override {
     struct Region {
       void (*member)(void*, int);
       void* context;
-      CountEntry thread_num;
-    } region{member, context, thread_num_};
-    // The team's master is the calling thread (index 0); a region nested in another one gets
-    // a team of one from the runtime, and the caller then runs every item.
+      std::atomic<int> next{0};
+    } region{member, context};
+    // Members number themselves in the order they start (not by omp_get_thread_num): each
+    // index is taken once whatever the runtime reports. A region nested in another one gets a
+    // team of one from the runtime, and that member runs every item.
     parallel_(
         [](void* data) {
-          const Region& r = *static_cast<const Region*>(data);
-          r.member(r.context, r.thread_num());
+          Region& r = *static_cast<Region*>(data);
+          r.member(r.context, r.next.fetch_add(1, std::memory_order_relaxed));
         },
         &region, threads > 0 ? static_cast<unsigned>(threads) : 1u, 0u);
-    return true;
   }
 
  private:
   ParallelEntry parallel_;
-  CountEntry thread_num_;
   CountEntry max_threads_;
 };
 
+// The runtime that GOMP_parallel resolves to in the global scope, and its thread count from
+// that same library (a second runtime, or a stub library, may define omp_get_max_threads too).
 OpenMPTeam* find_runtime() {
   void* parallel = dlsym(RTLD_DEFAULT, "GOMP_parallel");
-  void* thread_num = dlsym(RTLD_DEFAULT, "omp_get_thread_num");
-  void* max_threads = dlsym(RTLD_DEFAULT, "omp_get_max_threads");
-  if (parallel == nullptr || thread_num == nullptr || max_threads == nullptr) return nullptr;
-  // Never freed: the runtime is not unloaded while the process can still call it.
+  if (parallel == nullptr) return nullptr;
+  Dl_info info{};
+  if (dladdr(parallel, &info) == 0 || info.dli_fname == nullptr) return nullptr;
+  // Never closed: the runtime is not unloaded while the process can still call it.
+  void* runtime = dlopen(info.dli_fname, RTLD_NOLOAD | RTLD_LAZY);
+  if (runtime == nullptr) return nullptr;
+  void* max_threads = dlsym(runtime, "omp_get_max_threads");
+  if (max_threads == nullptr) return nullptr;
   return new OpenMPTeam(reinterpret_cast<ParallelEntry>(parallel),
-                        reinterpret_cast<CountEntry>(thread_num),
                         reinterpret_cast<CountEntry>(max_threads));
 }
 #endif

@@ -389,7 +389,8 @@ void run_items(int threads, std::int64_t items, ItemBody body, void* context) {
       Job& team_job = *static_cast<Job*>(team_context);
       if (index >= 0 && index <= team_job.max_helpers) team_job.participate(index);
     };
-    if (executor.run_team(static_cast<int>(helpers) + 1, member, job.get())) {
+    if (auto* team = dynamic_cast<TeamExecutor*>(&executor)) {
+      team->run_team(static_cast<int>(helpers) + 1, member, job.get());
       if (job->error) std::rethrow_exception(job->error);
       return;
     }

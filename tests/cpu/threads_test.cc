@@ -80,7 +80,7 @@ struct InlineExecutor final : Executor {
 
 // A fork-join team (what an OpenMP runtime gives): run_team starts threads - 1 members on
 // threads of its own, runs member 0 on the caller and joins them all before returning.
-struct ThreadTeamExecutor final : Executor {
+struct ThreadTeamExecutor final : TeamExecutor {
   int team_calls = 0;
   int scheduled = 0;
   std::atomic<int> members{0};
@@ -89,7 +89,7 @@ struct ThreadTeamExecutor final : Executor {
     ++scheduled;
     task();
   }
-  bool run_team(int threads, void (*member)(void*, int), void* context) override {
+  void run_team(int threads, void (*member)(void*, int), void* context) override {
     ++team_calls;
     std::vector<std::thread> team;
     for (int i = 1; i < threads; ++i) {
@@ -101,7 +101,6 @@ struct ThreadTeamExecutor final : Executor {
     members.fetch_add(1);
     member(context, 0);
     for (auto& t : team) t.join();
-    return true;
   }
 };
 

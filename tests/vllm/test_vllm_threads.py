@@ -40,7 +40,9 @@ for tid in os.listdir("/proc/self/task"):
     with open(f"/proc/self/task/{tid}/status") as f:
         status = dict(line.rstrip("\\n").split(":\\t", 1) for line in f if ":\\t" in line)
     threads.append((int(tid) == os.getpid(), status["Name"], status["Cpus_allowed_list"]))
-print("RESULT", json.dumps(dict(placement=placement, threads=threads)))
+from gdn import _gdn
+print("RESULT", json.dumps(dict(placement=placement, threads=threads,
+                                joined=_gdn.team_helpers_joined())))
 """
 
 
@@ -56,12 +58,12 @@ def probe_threads(env, threads="pool"):
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("RESULT"))
     out = json.loads(line.split(" ", 1)[1])
-    return out["placement"], out["threads"]
+    return out["placement"], out["threads"], out["joined"]
 
 
 def run_probe(env):
     """The pool's placement (the fallback where torch's ATen does not run on OpenMP)."""
-    placement, threads = probe_threads(env, "pool")
+    placement, threads, _ = probe_threads(env, "pool")
     out = dict(threads=threads)
     main = [cpus for is_main, _, cpus in out["threads"] if is_main]
     helpers = [cpus for _, name, cpus in out["threads"] if name == "gdn-worker"]
@@ -100,12 +102,19 @@ def test_helpers_run_beside_the_main_thread_in_a_process_bound_as_vllm_binds_its
 
 
 @needs_two_cpus
-def test_calls_run_on_torchs_openmp_team_and_start_no_pool_thread_in_a_bound_process():
-    """gdn.torch's default: the calls' helpers are the OpenMP team's threads vLLM bound (one per
-    CPU), so no gdn thread is added to those CPUs."""
+@pytest.mark.parametrize("runtime", ["libgomp", "libiomp5"])
+def test_calls_run_on_torchs_openmp_team_and_start_no_pool_thread_in_a_bound_process(runtime):
+    """The plugin's choice (gdn.torch.run_on_torch_threads(True)): the calls' helpers are the
+    OpenMP team's threads vLLM bound (one per CPU), which take part in every call, and no gdn
+    thread is added to those CPUs."""
     a, b = CPUS
-    env = dict(LD_PRELOAD=libgomp(), GOMP_CPU_AFFINITY=f"{a} {b}", OMP_NUM_THREADS="2")
-    _, threads = probe_threads(env, "team")
+    if runtime == "libgomp":
+        env = dict(LD_PRELOAD=libgomp(), GOMP_CPU_AFFINITY=f"{a} {b}")
+    else:
+        env = dict(LD_PRELOAD=libiomp(),
+                   KMP_AFFINITY=f"granularity=fine,explicit,proclist=[{a},{b}]")
+    _, threads, joined = probe_threads(dict(env, OMP_NUM_THREADS="2"), "team")
+    assert joined >= 20, joined  # the team's other thread ran a part of each of the 20 calls
     names = [name for _, name, _ in threads]
     assert "gdn-worker" not in names, threads
     cpus = sorted(cpus for _, _, cpus in threads if cpus in (str(a), str(b)))

