@@ -85,16 +85,19 @@ def libiomp():
     return libs[0]
 
 
+def bound_env(runtime, a, b):
+    """The environment vLLM gives a worker bound to CPUs a and b, with that OpenMP runtime."""
+    if runtime == "libgomp":
+        return dict(LD_PRELOAD=libgomp(), GOMP_CPU_AFFINITY=f"{a} {b}")
+    return dict(LD_PRELOAD=libiomp(), KMP_AFFINITY=f"granularity=fine,explicit,proclist=[{a},{b}]")
+
+
 @needs_two_cpus
 @pytest.mark.parametrize("runtime", ["libgomp", "libiomp5"])
 def test_helpers_run_beside_the_main_thread_in_a_process_bound_as_vllm_binds_its_worker(
         runtime):
     a, b = CPUS
-    if runtime == "libgomp":
-        env = dict(LD_PRELOAD=libgomp(), GOMP_CPU_AFFINITY=f"{a} {b}")
-    else:
-        env = dict(LD_PRELOAD=libiomp(),
-                   KMP_AFFINITY=f"granularity=fine,explicit,proclist=[{a},{b}]")
+    env = bound_env(runtime, a, b)
     placement, main, helpers = run_probe(dict(env, OMP_NUM_THREADS="2"))
     assert main == str(a), main  # the runtime pinned the main thread to the first CPU
     assert placement == dict(bound=[a, b], caller=[a], pool=[b]), placement
@@ -108,11 +111,7 @@ def test_calls_run_on_torchs_openmp_team_and_start_no_pool_thread_in_a_bound_pro
     OpenMP team's threads vLLM bound (one per CPU), which take part in every call, and no gdn
     thread is added to those CPUs."""
     a, b = CPUS
-    if runtime == "libgomp":
-        env = dict(LD_PRELOAD=libgomp(), GOMP_CPU_AFFINITY=f"{a} {b}")
-    else:
-        env = dict(LD_PRELOAD=libiomp(),
-                   KMP_AFFINITY=f"granularity=fine,explicit,proclist=[{a},{b}]")
+    env = bound_env(runtime, a, b)
     _, threads, joined = probe_threads(dict(env, OMP_NUM_THREADS="2"), "team")
     assert joined >= 20, joined  # the team's other thread ran a part of each of the 20 calls
     names = [name for _, name, _ in threads]
