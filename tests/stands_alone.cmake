@@ -9,7 +9,7 @@ file(GLOB_RECURSE files LIST_DIRECTORIES false RELATIVE "${SOURCE_DIR}"
      "${SOURCE_DIR}/*.toml" "${SOURCE_DIR}/*.h" "${SOURCE_DIR}/*.cc" "${SOURCE_DIR}/*.py"
      "${SOURCE_DIR}/*.sh")
 foreach(file IN LISTS files)
-  if(file MATCHES "^(build|\\.venv|\\.git)/")  # build trees and environments inside the checkout
+  if(file MATCHES "^(build|\\.venv[^/]*|\\.git)/")  # build trees and environments (.venv, .venv-vllm)
     continue()
   endif()
   file(READ "${SOURCE_DIR}/${file}" text)

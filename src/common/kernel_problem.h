@@ -151,6 +151,9 @@ struct DecodeProblem {
   std::int64_t slot_stride = 0;  // elements from a slot to the next (at least Hv Dk Dv)
   std::byte* out = nullptr;  // element (token, h Dv + j) at out + token * out_token + (h Dv + j)
   std::int64_t out_token = 0, out_channel = 0;  // * out_channel
+  // Items [r run, (r + 1) run) run on one thread, in order (cpu::decode): over a bf16 pool an
+  // item prefetches the next item of its run as it rounds its own state (decode-inl.h).
+  std::int64_t run = 1;
 };
 
 }  // namespace gdn::detail

@@ -344,12 +344,12 @@ void decode_item(const detail::DecodeProblem& p, std::int64_t item, std::byte* w
     return p.token_slot != nullptr ? p.token_slot[first + t] : p.write_slot[s] + t;
   };
   // The next item's first block in its read slot, for the last token's pass 2 to prefetch
-  // (decode_token_pairs): on one thread, the block this thread reads next.
+  // (decode_token_pairs): within a run (DecodeProblem::run), the block this thread reads next.
   const BFloat16* next_block = nullptr;
   std::int64_t next_columns = 0;
   if constexpr (widened) {
     const std::int64_t after = item + 1;
-    if (pairs && after < p.num_seqs * p.hv * p.vblocks) {
+    if (pairs && after % p.run != 0 && after < p.num_seqs * p.hv * p.vblocks) {
       const std::int64_t next_vb = after % p.vblocks, next_sh = after / p.vblocks;
       const std::int64_t next_s = next_sh / p.hv, next_read = p.read_slot[next_s];
       const std::int64_t next_j0 = next_vb * step;
