@@ -98,7 +98,8 @@ void decode(const detail::DecodeProblem& p, CpuIsa isa, int threads) {
   for_each_item(threads, runs, decode_workspace_bytes(p),
                 [&](std::int64_t r, std::byte* workspace) {
                   const std::int64_t end = std::min(items, (r + 1) * run.run);
-                  for (std::int64_t item = r * run.run; item < end; ++item) fn(run, item, workspace);
+                  for (std::int64_t item = r * run.run; item < end; ++item)
+                    fn(run, item, workspace);
                 });
 }
 

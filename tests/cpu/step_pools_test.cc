@@ -182,6 +182,36 @@ TEST(CpuStepPools, Bf16BitIdenticalForAnyThreadCount) {
   }
 }
 
+// Enough decodes that cpu::decode hands its items out in runs of several (160 items: runs of 10,
+// 6 and 2 on 2, 3 and 7 threads), each item of a bf16 pool prefetching the next one of its run,
+// whole vector pairs of columns (Dv = 64, the pair-order kernel): the same bits as one thread
+// (one run of every item), for both pools' dtypes.
+TEST(CpuStepPools, DecodeInRunsOfItemsBitIdenticalForAnyThreadCount) {
+  StepSpec spec;
+  spec.dk = 32;
+  spec.dv = 64;
+  spec.num_slots = 41;
+  for (std::int64_t i = 0; i < 40; ++i) spec.decodes.push_back({1, 1 + (i * 7) % 40, 2 + i});
+  for (const bool bf16 : {false, true}) {
+    spec.bf16_conv_pool = spec.bf16_rec_pool = bf16;
+    const StepProblem p = make_step_problem(spec);
+    for (CpuIsa isa : compiled_isas()) {
+      StepOptions o = p.options();
+      o.isa = isa;
+      o.threads = 1;
+      const StepResult one = run_step(p, o);
+      for (int threads : {2, 3, 7}) {
+        o.threads = threads;
+        const StepResult r = run_step(p, o);
+        const std::string what = std::to_string(threads) + " threads vs 1, " +
+                                 (bf16 ? "bf16" : "f32") + " pools, " + cpu_isa_name(isa);
+        EXPECT_TRUE(test::bit_identical(r.out, one.out, "out, " + what));
+        EXPECT_TRUE(test::bit_identical(r.rec_pool, one.rec_pool, "recurrent_state, " + what));
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tokamax's padded metadata (its gdn_attention_test.py; docs/peers.md, section 3).
 
