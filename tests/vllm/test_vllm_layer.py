@@ -41,6 +41,12 @@ class Layer:
         self.key_dim, self.value_dim = HK * DK, HV * DV
         weight = (torch.randn(D, 1, K, generator=g) * 0.4).bfloat16()
         self.conv1d = types.SimpleNamespace(weight=weight, bias=None)
+        # What vLLM's loader does to the conv weight, by vLLM's own function: on avx512_bf16
+        # (and aarch64 bf16) hosts it packs the weight in place for its C++ conv, which its own
+        # path then reads, and keeps the plain one in `_cpu_unpacked_conv_weight`; elsewhere
+        # nothing. Without it vLLM's path read a plain weight as packed there.
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+        dispatch_cpu_unquantized_gemm(self.conv1d, remove_weight=False)
         self.A_log = torch.linspace(0.5, 16.0, HV).log()
         self.dt_bias = torch.linspace(-1.0, 1.0, HV).bfloat16()
         self.num_spec, columns = num_spec, K - 1 + num_spec
@@ -56,6 +62,11 @@ class Layer:
             self.kv_cache[0].copy_(torch.randn(slots, columns, D, generator=g))
             self.kv_cache[1].copy_(torch.randn(slots, HV, DV, DK, generator=g) * 0.1)
 
+    def plain_conv_weight(self):
+        """The conv weight [D, K] as the model has it, packed by vLLM or not."""
+        w = getattr(self.conv1d, "_cpu_unpacked_conv_weight", None)
+        return w if w is not None else self.conv1d.weight.reshape(D, K)
+
     def rearrange_mixed_qkv(self, x):
         q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         return tuple(t.reshape(1, x.shape[0], -1, d).contiguous()
@@ -64,8 +75,8 @@ class Layer:
     def copy(self, ssm_dtype):
         other = Layer(ssm_dtype, num_spec=self.num_spec, slots=self.pages.shape[0])
         other.pages.copy_(self.pages)
-        other.conv1d.weight, other.A_log, other.dt_bias = (
-            self.conv1d.weight, self.A_log, self.dt_bias)
+        other.conv1d = types.SimpleNamespace(**vars(self.conv1d))  # packed or not, as here
+        other.A_log, other.dt_bias = self.A_log, self.dt_bias
         return other
 
 
@@ -167,7 +178,7 @@ def test_float32_parameters_are_made_once_per_weight_load():
 def test_repacked_conv_weight_is_read_from_the_plain_copy():
     # On avx512_bf16 hosts vLLM repacks conv1d.weight in place and keeps the plain one aside.
     layer = Layer(torch.float32)
-    plain = layer.conv1d.weight.reshape(D, K).clone()
+    plain = layer.plain_conv_weight().clone()
     layer.conv1d._cpu_unpacked_conv_weight = plain
     layer.conv1d.weight = torch.zeros(D * K, dtype=torch.bfloat16)  # stands for the packed form
     assert torch.equal(_layer.float32_params(layer)[0], plain.float())

@@ -256,7 +256,7 @@ def _l2norm(x):
 def reference_token(layer, x, a, b, history, state):
     """One token through the layer in float64: raw input x [D], its K - 1 predecessors history
     [K - 1, D], the SSM state [Hv, Dk, Dv] before it. Returns (out [Hv, Dv], state after)."""
-    w = layer.conv1d.weight.reshape(D, K).double()
+    w = layer.plain_conv_weight().double()
     window_ = torch.cat([history.double(), x.double()[None]])  # [K, D]
     y = torch.nn.functional.silu((window_.T * w).sum(-1))
     q = y[:HK * DK].reshape(HK, DK).repeat_interleave(HV // HK, 0)
