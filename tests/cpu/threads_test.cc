@@ -166,14 +166,17 @@ TEST(CpuThreads, CallFinishesWhileEveryPoolThreadIsBlocked) {
   std::mutex mutex;
   std::condition_variable released;
   bool release = false;
-  std::atomic<int> blocked{0};
+  std::atomic<int> blocked{0}, finished{0};
   constexpr int kTasks = 64;  // more than the pool's threads: the rest wait in its queue
   for (int t = 0; t < kTasks; ++t) {
     default_executor().schedule([&] {
       blocked.fetch_add(1);
-      std::unique_lock<std::mutex> lock(mutex);
-      released.wait(lock, [&] { return release; });
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        released.wait(lock, [&] { return release; });
+      }
       blocked.fetch_sub(1);
+      finished.fetch_add(1);  // the task's last touch of this test's locals
     });
   }
   // Every pool thread is blocked once the count has stopped growing for a while.
@@ -194,7 +197,9 @@ TEST(CpuThreads, CallFinishesWhileEveryPoolThreadIsBlocked) {
     release = true;
   }
   released.notify_all();
-  while (blocked.load() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Every task, the queued ones too, must be done before the locals they use go: blocked can
+  // be 0 while queued tasks have not started (TSan saw one touch this frame after the test).
+  while (finished.load() != kTasks) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   expect_same_bits(r, one, "every pool thread blocked");
   EXPECT_LT(seconds, 30.0);
 }
